@@ -1,0 +1,185 @@
+"""Multi-head attention: the paper's math, the fused path and torch's reference agree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from transformer_mt.attention import (
+    KVCache,
+    MultiHeadAttention,
+    causal_mask,
+    padding_mask,
+    scaled_dot_product_attention,
+)
+
+
+def _copy_into_torch_mha(ours: MultiHeadAttention) -> nn.MultiheadAttention:
+    ref = nn.MultiheadAttention(ours.d_model, ours.n_heads, batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(
+            torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight])
+        )
+        ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        ref.out_proj.weight.copy_(ours.out_proj.weight)
+        ref.out_proj.bias.copy_(ours.out_proj.bias)
+    return ref.eval()
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("masking", ["none", "padding", "causal"])
+def test_equals_torch_multihead_attention(fused: bool, masking: str) -> None:
+    B, T, d_model, H = 3, 9, 32, 4
+    ours = MultiHeadAttention(d_model, H, fused=fused).eval()
+    ref = _copy_into_torch_mha(ours)
+    x = torch.randn(B, T, d_model)
+    tokens = torch.randint(1, 10, (B, T))
+    tokens[0, 6:] = 0
+    kwargs, ref_kwargs = {}, {}
+    if masking == "padding":
+        kwargs["mask"] = padding_mask(tokens, pad_id=0)
+        ref_kwargs["key_padding_mask"] = tokens == 0  # torch: True = ignore
+    elif masking == "causal":
+        kwargs["mask"] = causal_mask(T)
+        ref_kwargs["attn_mask"] = ~causal_mask(T)[0, 0]  # torch: True = not allowed
+    out = ours(x, x, x, **kwargs)
+    expected, _ = ref(x, x, x, need_weights=False, **ref_kwargs)
+    assert (out - expected).abs().max().item() <= 1e-5
+
+
+def test_is_causal_flag_equals_causal_mask() -> None:
+    mha = MultiHeadAttention(32, 4).eval()
+    x = torch.randn(2, 7, 32)
+    a = mha(x, x, x, is_causal=True)
+    b = mha(x, x, x, mask=causal_mask(7))
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mask_shape", ["padding", "causal", "per_query"])
+def test_explicit_equals_fused(mask_shape: str) -> None:
+    B, T, S, d_model, H = 2, 5, 8, 24, 3
+    fused = MultiHeadAttention(d_model, H, fused=True).eval()
+    explicit = MultiHeadAttention(d_model, H, fused=False).eval()
+    explicit.load_state_dict(fused.state_dict())
+    q, kv = torch.randn(B, T, d_model), torch.randn(B, S, d_model)
+    if mask_shape == "padding":
+        tokens = torch.randint(1, 9, (B, S))
+        tokens[1, 5:] = 0
+        mask = padding_mask(tokens, 0)  # (B, 1, 1, S)
+        q_, kv_ = q, kv
+    elif mask_shape == "causal":
+        mask = causal_mask(T)  # (1, 1, T, T)
+        q_, kv_ = q, q
+    else:
+        mask = torch.rand(B, T, S) > 0.3  # (B, T, S)
+        mask[:, :, 0] = True
+        q_, kv_ = q, kv
+    torch.testing.assert_close(
+        fused(q_, kv_, kv_, mask=mask), explicit(q_, kv_, kv_, mask=mask), atol=1e-5, rtol=1e-5
+    )
+
+
+def test_d_k_differs_from_d_v() -> None:
+    mha = MultiHeadAttention(d_model=20, n_heads=3, d_k=5, d_v=7)
+    assert mha.q_proj.weight.shape == (15, 20)  # d_model -> h * d_k
+    assert mha.k_proj.weight.shape == (15, 20)
+    assert mha.v_proj.weight.shape == (21, 20)  # d_model -> h * d_v
+    assert mha.out_proj.weight.shape == (20, 21)  # h * d_v -> d_model
+    x = torch.randn(2, 4, 20)
+    out, weights = mha(x, x, x, need_weights=True)
+    assert out.shape == (2, 4, 20)
+    assert weights.shape == (2, 3, 4, 4)
+    mha.fused = True
+    torch.testing.assert_close(mha(x, x, x), out, atol=1e-5, rtol=1e-5)
+
+
+def test_projection_is_per_head_not_shared() -> None:
+    # Each head gets its own d_k columns: d_model -> h * d_k, not d_model -> d_k.
+    mha = MultiHeadAttention(d_model=64, n_heads=8)
+    assert mha.d_k == 8
+    assert mha.q_proj.out_features == 8 * 8
+
+
+def test_indivisible_d_model_names_both_numbers() -> None:
+    with pytest.raises(ValueError, match=r"d_model=30 .*n_heads=4"):
+        MultiHeadAttention(30, 4)
+    MultiHeadAttention(30, 4, d_k=8, d_v=8)  # explicit sizes make it valid
+
+
+def test_fully_masked_row_is_zero_not_nan() -> None:
+    q = torch.randn(1, 2, 3, 4, requires_grad=True)
+    k, v = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    mask = torch.ones(1, 1, 3, 5, dtype=torch.bool)
+    mask[0, 0, 1] = False  # query 1 may attend to nothing
+    out, weights = scaled_dot_product_attention(q, k, v, mask)
+    assert torch.isfinite(out).all() and torch.isfinite(weights).all()
+    assert out[0, :, 1].abs().max() == 0
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all()
+    for fused in (True, False):
+        mha = MultiHeadAttention(8, 2, fused=fused).eval()
+        x = torch.randn(2, 3, 8)
+        tokens = torch.tensor([[5, 6, 7], [0, 0, 0]])  # second row is all padding
+        y = mha(x, x, x, mask=padding_mask(tokens, 0))
+        assert torch.isfinite(y).all()
+
+
+def test_weights_sum_to_one_and_respect_mask() -> None:
+    q, k, v = torch.randn(2, 2, 4, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6], [1, 2, 3, 0, 0, 0]])
+    _, w = scaled_dot_product_attention(q, k, v, padding_mask(tokens, 0))
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 4))
+    assert w[1, :, :, 3:].abs().max() == 0
+
+
+def test_scaling_is_one_over_sqrt_d_k() -> None:
+    q = torch.ones(1, 1, 1, 16)
+    k = torch.stack([torch.ones(16), torch.zeros(16)])[None, None]  # (1, 1, 2, 16)
+    v = torch.eye(2)[None, None]
+    _, w = scaled_dot_product_attention(q, k, v)
+    # scores are 16 / sqrt(16) = 4 and 0
+    expected = torch.softmax(torch.tensor([4.0, 0.0]), dim=0)
+    torch.testing.assert_close(w[0, 0, 0], expected)
+
+
+def test_attention_dropout_only_in_training() -> None:
+    mha = MultiHeadAttention(16, 2, dropout=0.5)
+    x = torch.randn(2, 6, 16)
+    mha.eval()
+    torch.testing.assert_close(mha(x, x, x), mha(x, x, x))
+    mha.train()
+    assert not torch.allclose(mha(x, x, x), mha(x, x, x))
+
+
+def test_boolean_mask_required() -> None:
+    mha = MultiHeadAttention(8, 2)
+    x = torch.randn(1, 3, 8)
+    with pytest.raises(ValueError, match="boolean"):
+        mha(x, x, x, mask=torch.ones(1, 1, 1, 3))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_self_attention_cache_equals_full_causal(fused: bool) -> None:
+    mha = MultiHeadAttention(16, 4, fused=fused).eval()
+    x = torch.randn(2, 5, 16)
+    full = mha(x, x, x, is_causal=True)
+    cache = KVCache()
+    steps = [
+        mha(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], is_causal=True, cache=cache)
+        for t in range(5)
+    ]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert cache.k is not None and cache.k.shape == (2, 4, 5, 4)
+
+
+def test_cross_attention_cache_computes_source_once() -> None:
+    mha = MultiHeadAttention(16, 4).eval()
+    memory = torch.randn(2, 7, 16)
+    cache = KVCache()
+    y1 = mha(torch.randn(2, 1, 16), memory, memory, cache=cache, static_kv=True)
+    k_first = cache.k
+    # Later steps must not read `memory` again: pass garbage and expect the cached K/V.
+    y2 = mha(torch.randn(2, 1, 16), torch.zeros(2, 7, 16), None, cache=cache, static_kv=True)
+    assert cache.k is k_first
+    assert y1.shape == y2.shape == (2, 1, 16)
