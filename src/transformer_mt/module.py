@@ -1,0 +1,282 @@
+"""TranslationModule: the Lightning wrapper that trains and scores the plain Transformer.
+
+Loss, optimizer, learning-rate schedule and metrics live here; the model itself
+(:mod:`transformer_mt.model`) knows nothing about Lightning.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.metrics import corpus_scores
+from transformer_mt.model import ModelConfig, Transformer
+from transformer_mt.search import SearchConfig, generate
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_KEY = "transformer_mt"
+CHECKPOINT_FORMAT = 1
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+def inverse_sqrt_schedule(step: int, warmup_steps: int) -> float:
+    """Learning-rate factor of the paper (section 5.3), normalised to peak at 1.0.
+
+    The paper uses ``lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)``, which peaks at
+    ``step = warmup`` with value ``d_model^-0.5 * warmup^-0.5``. Dividing by that peak gives
+    ``min(step / warmup, sqrt(warmup / step))``: linear warmup, then inverse square root. The
+    optimizer's ``lr`` is therefore the peak learning rate; the paper's own schedule is
+    ``lr = scale * (d_model * warmup)^-0.5`` with ``scale = 1`` (see :func:`paper_peak_lr`).
+    ``step`` counts optimizer steps from 1.
+    """
+    step = max(step, 1)
+    if warmup_steps <= 0:
+        return 1.0 / math.sqrt(step)
+    return min(step / warmup_steps, math.sqrt(warmup_steps / step))
+
+
+def paper_peak_lr(d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
+    """Peak of the paper's schedule: ``scale * d_model^-0.5 * warmup^-0.5`` (7.0e-4 for base)."""
+    return scale * d_model**-0.5 * warmup_steps**-0.5
+
+
+def label_smoothed_loss(
+    logits: Tensor, target: Tensor, pad_id: int, label_smoothing: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Mean label-smoothed cross-entropy over non-pad tokens.
+
+    Returns ``(loss, nll_sum, n_tokens)``: the smoothed mean loss to optimise, plus the plain
+    negative log-likelihood summed over tokens (for perplexity) and the token count.
+    """
+    flat_logits = logits.reshape(-1, logits.size(-1))  # (B*T, V)
+    flat_target = target.reshape(-1)  # (B*T,)
+    loss = F.cross_entropy(
+        flat_logits, flat_target, ignore_index=pad_id, label_smoothing=label_smoothing
+    )
+    with torch.no_grad():
+        nll_sum = F.cross_entropy(
+            flat_logits.float(), flat_target, ignore_index=pad_id, reduction="sum"
+        )
+        n_tokens = (flat_target != pad_id).sum()
+    return loss, nll_sum, n_tokens
+
+
+class TranslationModule(pl.LightningModule):
+    """Trains a :class:`Transformer` with label smoothing, Adam and the paper's schedule.
+
+    Args:
+        model_config: :class:`ModelConfig` fields (plain dict; vocab sizes and pad id filled
+            in from the tokenizer by :func:`transformer_mt.train.run`).
+        optimizer: a partial optimizer constructor (Hydra ``_partial_: true``) taking the
+            parameters; its ``lr`` is the peak learning rate.
+        warmup_steps: linear warmup length of :func:`inverse_sqrt_schedule`.
+        label_smoothing: epsilon of label smoothing (the paper's 0.1).
+        decoding: :class:`SearchConfig` fields for validation/test BLEU.
+        num_examples: example translations logged at each validation.
+        nonfinite_loss: ``"stop"`` raises :class:`NonFiniteLossError`; ``"skip"`` skips the
+            batch (no optimizer step) and counts it.
+        tokenizer: stored in every checkpoint so that a checkpoint alone can translate.
+    """
+
+    def __init__(
+        self,
+        model_config: dict[str, Any],
+        optimizer: Callable[[Iterable[Tensor]], torch.optim.Optimizer] | None = None,
+        warmup_steps: int = 4000,
+        label_smoothing: float = 0.1,
+        decoding: dict[str, Any] | None = None,
+        num_examples: int = 3,
+        nonfinite_loss: str = "stop",
+        tokenizer: Tokenizer | None = None,
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
+    ) -> None:
+        super().__init__()
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        if nonfinite_loss not in ("stop", "skip"):
+            raise ValueError(f"nonfinite_loss must be 'stop' or 'skip', got {nonfinite_loss!r}")
+        # Plain types only: the checkpoint must load with torch.load(weights_only=True).
+        self.save_hyperparameters(ignore=["optimizer", "tokenizer"])
+        self.config = ModelConfig.from_dict(dict(model_config))
+        self.model = Transformer(self.config)
+        self.optimizer_factory = optimizer
+        self.search = SearchConfig(**(decoding or {}))
+        self.tokenizer = tokenizer
+        self.src_lang, self.tgt_lang = src_lang, tgt_lang
+        self._step_start = 0.0
+        self._eval_outputs: list[tuple[int, str, str, str]] = []
+        self._eval_loss = [0.0, 0]  # nll sum, tokens
+        self._eval_smoothed = [0.0, 0]  # smoothed loss sum (token-weighted), tokens
+        self.skipped_batches = 0
+
+    # ------------------------------------------------------------------ training
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        return self.model(src, tgt_in)
+
+    def _loss(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor]:
+        tgt = batch["tgt"]
+        logits = self.model(batch["src"], tgt[:, :-1])  # (B, T, V)
+        return label_smoothed_loss(
+            logits, tgt[:, 1:], self.config.pad_id, self.hparams.label_smoothing
+        )
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._step_start = time.perf_counter()
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor | None:
+        loss, nll_sum, n_tokens = self._loss(batch)
+        if not torch.isfinite(loss):
+            if self.hparams.nonfinite_loss == "skip":
+                self.skipped_batches += 1
+                log.warning(
+                    "non-finite loss at step %d: batch skipped (%d so far)",
+                    self.global_step,
+                    self.skipped_batches,
+                )
+                return None
+            raise NonFiniteLossError(
+                f"training loss became {loss.item()} at step {self.global_step}; likely causes: "
+                "learning rate too high (lower optimizer.lr or raise warmup_steps), fp16 "
+                "overflow (use bf16-mixed or 32-true), or corrupt data. The last checkpoint is "
+                "intact; set module.nonfinite_loss=skip to skip such batches instead"
+            )
+        n = max(int(n_tokens), 1)
+        self.log("train/loss", loss, prog_bar=True, batch_size=n)
+        self.log("train/ppl", math.exp(min(float(nll_sum) / n, 50.0)), batch_size=n)
+        self._train_tokens = n
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        elapsed = time.perf_counter() - self._step_start
+        if elapsed > 0 and hasattr(self, "_train_tokens"):
+            self.log("train/tokens_per_sec", self._train_tokens / elapsed, prog_bar=True)
+        if self.trainer.optimizers:
+            self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+
+    def configure_optimizers(self) -> Any:
+        if self.optimizer_factory is None:
+            optimizer: torch.optim.Optimizer = torch.optim.Adam(
+                self.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9
+            )
+        else:
+            optimizer = self.optimizer_factory(self.parameters())
+        warmup = int(self.hparams.warmup_steps)
+        # LambdaLR counts from 0 before the first step; the paper's step counter starts at 1.
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: inverse_sqrt_schedule(step + 1, warmup)
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+        }
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _eval_start(self) -> None:
+        self._eval_outputs = []
+        self._eval_loss = [0.0, 0]
+        self._eval_smoothed = [0.0, 0]
+
+    def _eval_step(self, batch: dict[str, Any]) -> None:
+        loss, nll_sum, n_tokens = self._loss(batch)
+        self._eval_loss[0] += float(nll_sum)
+        self._eval_loss[1] += int(n_tokens)
+        self._eval_smoothed[0] += float(loss) * int(n_tokens)
+        self._eval_smoothed[1] += int(n_tokens)
+        if self.tokenizer is None:
+            return
+        hyp_ids = generate(
+            self.model, batch["src"], self.tokenizer.bos_id, self.tokenizer.eos_id, self.search
+        )
+        hyps = self.tokenizer.decode_tgt_batch(hyp_ids.tolist())
+        for i, src, ref, hyp in zip(
+            batch["index"].tolist(), batch["src_text"], batch["tgt_text"], hyps
+        ):
+            self._eval_outputs.append((int(i), src, ref, hyp))
+
+    def _gather(self, items: list[Any]) -> list[Any]:
+        world = self.trainer.world_size if self._trainer is not None else 1
+        if world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            gathered: list[Any] = [None] * world
+            torch.distributed.all_gather_object(gathered, items)
+            return [item for part in gathered for item in part]
+        return items
+
+    def _eval_end(self, stage: str) -> dict[str, float]:
+        sums = self._gather([(self._eval_loss[0], self._eval_loss[1], self._eval_smoothed[0])])
+        nll = sum(s[0] for s in sums)
+        tokens = sum(s[1] for s in sums)
+        smoothed = sum(s[2] for s in sums)
+        metrics: dict[str, float] = {}
+        if tokens:
+            metrics[f"{stage}/loss"] = smoothed / tokens
+            metrics[f"{stage}/nll"] = nll / tokens
+            metrics[f"{stage}/ppl"] = math.exp(min(nll / tokens, 50.0))
+        outputs = self._gather(self._eval_outputs)
+        if outputs:
+            # DDP ranks may pad with repeated batches; keep one output per example, in order.
+            by_index = {i: (src, ref, hyp) for i, src, ref, hyp in outputs}
+            ordered = [by_index[i] for i in sorted(by_index)]
+            scores = corpus_scores([o[2] for o in ordered], [o[1] for o in ordered])
+            metrics[f"{stage}/bleu"] = scores.bleu
+            metrics[f"{stage}/bleu_lc"] = scores.bleu_lc
+            metrics[f"{stage}/chrf"] = scores.chrf
+            self.last_eval = {"stage": stage, "scores": scores, "outputs": ordered}
+            if self.trainer.is_global_zero and not self.trainer.sanity_checking:
+                for src, ref, hyp in ordered[: self.hparams.num_examples]:
+                    log.info("[%s] src: %s\n        ref: %s\n        hyp: %s", stage, src, ref, hyp)
+        for name, value in metrics.items():
+            # Values are already global (gathered above): no further reduction across ranks.
+            self.log(name, value, prog_bar=name.endswith(("bleu", "loss")), rank_zero_only=False)
+        return metrics
+
+    def on_validation_epoch_start(self) -> None:
+        self._eval_start()
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._eval_step(batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_end("val")
+
+    def on_test_epoch_start(self) -> None:
+        self._eval_start()
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._eval_step(batch)
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_end("test")
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Everything needed to translate with this checkpoint alone, as plain types.
+        checkpoint[CHECKPOINT_KEY] = {
+            "format": CHECKPOINT_FORMAT,
+            "model_config": self.config.to_dict(),
+            "tokenizer": self.tokenizer.to_json() if self.tokenizer is not None else None,
+            "src_lang": self.src_lang,
+            "tgt_lang": self.tgt_lang,
+            "decoding": dict(self.hparams.decoding or {}),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        extra = checkpoint.get(CHECKPOINT_KEY) or {}
+        if self.tokenizer is None and extra.get("tokenizer"):
+            self.tokenizer = Tokenizer.from_json(extra["tokenizer"])

@@ -1,0 +1,154 @@
+"""The training pipeline behind train.py: data -> model -> module -> callbacks -> Trainer."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning.pytorch as pl
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_mt.model import ModelConfig
+from transformer_mt.module import TranslationModule
+
+log = logging.getLogger(__name__)
+
+
+def model_config_from(cfg_model: Any, src_vocab: int, tgt_vocab: int, pad_id: int) -> ModelConfig:
+    """ModelConfig from the Hydra model group plus the sizes the tokenizer decided."""
+    values = (
+        OmegaConf.to_container(cfg_model, resolve=True)
+        if not isinstance(cfg_model, dict)
+        else dict(cfg_model)
+    )
+    assert isinstance(values, dict)
+    values.pop("name", None)
+    values.update(src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, pad_id=pad_id)
+    return ModelConfig.from_dict(values)
+
+
+def check_output_dir(run_dir: Path) -> None:
+    """Fail at the start, not after an hour, when the run directory cannot be written."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write_test"
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 1024 * 1024)  # 1 MiB: catches a full disk as well as permissions
+        probe.unlink()
+    except OSError as exc:
+        raise OSError(
+            f"cannot write to the run directory {run_dir}: {exc.strerror or exc}; free some disk "
+            "space or choose another directory with hydra.run.dir=PATH"
+        ) from exc
+
+
+def _instantiate_all(section: Any) -> list[Any]:
+    if not section:
+        return []
+    return [hydra.utils.instantiate(v) for v in section.values() if v is not None]
+
+
+def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
+    """Build data module, Lightning module and Trainer from a composed config."""
+    run_dir = Path(cfg.run_dir)
+    check_output_dir(run_dir)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+
+    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+    assert isinstance(data_cfg, dict)
+    datamodule = hydra.utils.instantiate(data_cfg, work_dir=str(run_dir))
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    tokenizer = datamodule.tokenizer
+    model_config = model_config_from(
+        cfg.model, datamodule.src_vocab_size, datamodule.tgt_vocab_size, datamodule.pad_id
+    )
+    module_args = OmegaConf.to_container(cfg.module, resolve=True)
+    assert isinstance(module_args, dict)
+    module = TranslationModule(
+        model_config=model_config.to_dict(),
+        optimizer=hydra.utils.instantiate(cfg.optimizer),
+        tokenizer=tokenizer,
+        src_lang=datamodule.src_lang,
+        tgt_lang=datamodule.tgt_lang,
+        **module_args,
+    )
+    log.info(
+        "model: %s parameters (d_model=%d, %d+%d layers, vocab %d/%d)",
+        f"{module.model.num_parameters():,}",
+        model_config.d_model,
+        model_config.n_encoder_layers,
+        model_config.n_decoder_layers,
+        model_config.src_vocab_size,
+        model_config.tgt_vocab_size,
+    )
+    callbacks = _instantiate_all(cfg.get("callbacks"))
+    loggers = _instantiate_all(cfg.get("logger"))
+    trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    return datamodule, module, trainer
+
+
+def run(cfg: DictConfig) -> float | None:
+    """Train, test the best checkpoint, print a summary; return ``cfg.optimized_metric``."""
+    if "WANDB_API_KEY" not in os.environ:
+        # Without a key wandb would prompt or hang; offline files can be synced later.
+        os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    torch.set_float32_matmul_precision("high")
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg.threads))
+
+    datamodule, module, trainer = build(cfg)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    val_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+    checkpoint_cb = trainer.checkpoint_callback
+    best_path = getattr(checkpoint_cb, "best_model_path", "") or ""
+    test_metrics: dict[str, float] = {}
+    if cfg.get("test_after_fit", True) and not trainer.fast_dev_run:
+        results = trainer.test(
+            module, datamodule=datamodule, ckpt_path=best_path or None, verbose=False
+        )
+        test_metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
+    elif trainer.fast_dev_run:
+        results = trainer.test(module, datamodule=datamodule, verbose=False)
+        test_metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
+
+    if trainer.is_global_zero:
+        _print_summary(cfg, val_metrics, test_metrics, best_path, checkpoint_cb)
+    metric = cfg.get("optimized_metric")
+    if metric and metric in val_metrics:
+        return val_metrics[metric]
+    return None
+
+
+def _print_summary(
+    cfg: DictConfig,
+    val: dict[str, float],
+    test: dict[str, float],
+    best_path: str,
+    checkpoint_cb: Any,
+) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="transformer-mt: training summary", show_header=False)
+    best = getattr(checkpoint_cb, "best_model_score", None)
+    if best is not None:
+        table.add_row("best val/bleu", f"{float(best):.2f}")
+    for key in ("val/bleu", "val/chrf", "val/loss"):
+        if key in val:
+            table.add_row(f"last {key}", f"{val[key]:.3f}")
+    for key in ("test/bleu", "test/bleu_lc", "test/chrf", "test/loss"):
+        if key in test:
+            table.add_row(key, f"{test[key]:.3f}")
+    table.add_row("run dir", str(cfg.run_dir))
+    table.add_row("best checkpoint", best_path or "-")
+    last = Path(str(cfg.run_dir)) / "checkpoints" / "last.ckpt"
+    if last.exists():
+        table.add_row("last checkpoint", str(last))
+    Console(stderr=False).print(table)
