@@ -45,3 +45,38 @@ def random_batch(batch: int = 3, src_len: int = 7, tgt_len: int = 6, vocab: int 
         src[1, src_len - 2 :] = PAD
         tgt[1, tgt_len - 2 :] = PAD
     return src, tgt
+
+
+# ---------------------------------------------------------------- Hydra + training helpers
+
+CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs"
+
+#: Settings that make a full train.run take seconds: tiny model, tiny generated data.
+FAST_TRAIN = [
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.d_ff=64",
+    "model.n_encoder_layers=1",
+    "model.n_decoder_layers=1",
+    "data.sizes.train=300",
+    "data.sizes.validation=20",
+    "data.sizes.test=20",
+    "data.number_range=[2,999]",
+    "data.vocab_size=300",
+    "data.max_tokens=512",
+    "data.cache_dir=null",
+    "callbacks=none",
+    "logger=csv",
+    "trainer.max_epochs=1",
+    "trainer.enable_model_summary=false",
+    "trainer.enable_progress_bar=false",
+    "threads=1",
+]
+
+
+def compose_train(run_dir, overrides=(), config_name: str = "train"):
+    """Compose configs/<config_name>.yaml as train.py would, writing into ``run_dir``."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose(config_name, overrides=[f"run_dir={run_dir}", *overrides])

@@ -15,6 +15,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
 from transformer_mt.data.tokenizer import Tokenizer
@@ -203,7 +204,9 @@ class TranslationModule(pl.LightningModule):
         hyp_ids = generate(
             self.model, batch["src"], self.tokenizer.bos_id, self.tokenizer.eos_id, self.search
         )
-        hyps = self.tokenizer.decode_tgt_batch(hyp_ids.tolist())
+        # Byte-level BPE marks a leading space on most tokens; a hypothesis starting with such
+        # a token would decode with a leading blank.
+        hyps = [h.strip() for h in self.tokenizer.decode_tgt_batch(hyp_ids.tolist())]
         for i, src, ref, hyp in zip(
             batch["index"].tolist(), batch["src_text"], batch["tgt_text"], hyps
         ):
@@ -275,8 +278,15 @@ class TranslationModule(pl.LightningModule):
             "tgt_lang": self.tgt_lang,
             "decoding": dict(self.hparams.decoding or {}),
         }
+        # Dropout draws from the global RNG: saving its state makes a resumed run continue
+        # with the same random stream as an uninterrupted one (Lightning does not save it).
+        checkpoint[CHECKPOINT_KEY]["torch_rng_state"] = torch.get_rng_state()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         extra = checkpoint.get(CHECKPOINT_KEY) or {}
         if self.tokenizer is None and extra.get("tokenizer"):
             self.tokenizer = Tokenizer.from_json(extra["tokenizer"])
+        rng_state = extra.get("torch_rng_state")
+        fitting = self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
+        if rng_state is not None and fitting:
+            torch.set_rng_state(rng_state)

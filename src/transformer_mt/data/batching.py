@@ -194,8 +194,21 @@ class TokenBudgetBatchSampler:
                 batches = batches + [batches[i % len(batches)] for i in range(missing)]
         return batches[self.rank :: world]
 
+    def resume(self, epoch: int, consumed: int) -> None:
+        """Skip the first ``consumed`` batches the next time ``epoch`` is iterated.
+
+        Used when training resumes from a mid-epoch checkpoint, so that the rest of the epoch
+        sees exactly the batches an uninterrupted run would have seen.
+        """
+        self._resume = (int(epoch), int(consumed))
+
     def __iter__(self) -> Iterator[list[int]]:
-        for batch in self.batches():
+        batches = self.batches()
+        resume = getattr(self, "_resume", None)
+        if resume is not None and resume[0] == self.epoch:
+            batches = batches[resume[1] :]
+            self._resume = None
+        for batch in batches:
             yield batch.tolist()
 
     def __len__(self) -> int:

@@ -131,6 +131,35 @@ class Collate:
         }
 
 
+def _batches_done(trainer: Any) -> int:
+    """Training batches finished in the current epoch (as counted by Lightning's loop)."""
+    return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader whose position in the epoch is saved in checkpoints.
+
+    Lightning stores ``state_dict()`` of a training loader in each checkpoint and calls
+    ``load_state_dict()`` when resuming; the batch sampler then skips the batches the
+    interrupted run had already trained on, so a run resumed from a mid-epoch checkpoint
+    continues with the same data order as an uninterrupted one.
+    """
+
+    def __init__(self, *args: Any, progress: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._progress = progress
+
+    def state_dict(self) -> dict[str, int]:
+        sampler = self.batch_sampler
+        consumed = self._progress() if self._progress is not None else 0
+        return {"epoch": int(getattr(sampler, "epoch", 0)), "consumed": consumed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        sampler = self.batch_sampler
+        if hasattr(sampler, "resume"):
+            sampler.resume(state["epoch"], state["consumed"])
+
+
 class TranslationDataModule(pl.LightningDataModule):
     """Parallel text for training, validation and test, batched by token budget.
 
@@ -468,10 +497,31 @@ class TranslationDataModule(pl.LightningDataModule):
             collate_fn=Collate(tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, self.max_len),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            # Its own generator: creating an iterator then draws no number from the global RNG,
+            # which dropout uses (so resuming from a checkpoint replays the same dropout masks).
+            generator=torch.Generator().manual_seed(self.seed),
         )
 
     def train_dataloader(self) -> DataLoader:
-        return self.dataloader("train")
+        tokenizer = self._require_setup()
+        trainer = self._trainer_or_none()
+        return ResumableDataLoader(
+            TokenizedSplit(self.splits["train"]),
+            batch_sampler=self.batch_sampler("train"),
+            collate_fn=Collate(tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, self.max_len),
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            # Its own generator: creating an iterator then draws no number from the global RNG,
+            # which dropout uses (so resuming from a checkpoint replays the same dropout masks).
+            generator=torch.Generator().manual_seed(self.seed),
+            progress=(lambda: _batches_done(trainer)) if trainer is not None else None,
+        )
+
+    def _trainer_or_none(self) -> Any:
+        try:
+            return self.trainer
+        except RuntimeError:
+            return None
 
     def val_dataloader(self) -> DataLoader:
         return self.dataloader("validation")

@@ -1,0 +1,165 @@
+"""Training: configs compose, a fit writes safe self-contained checkpoints, schedule, loss, resume."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import hydra
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.module import (
+    TranslationModule,
+    inverse_sqrt_schedule,
+    label_smoothed_loss,
+    paper_peak_lr,
+)
+from transformer_mt.train import model_config_from, run
+
+from conftest import CONFIGS, FAST_TRAIN, compose_train
+
+EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
+MODELS = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
+TRAINERS = sorted(p.stem for p in (CONFIGS / "trainer").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_instantiates(tmp_path: Path, experiment: str) -> None:
+    cfg = compose_train(tmp_path, [f"experiment={experiment}"])
+    data_cfg = dict(cfg.data)
+    dm = hydra.utils.instantiate(
+        data_cfg, work_dir=str(tmp_path)
+    )  # no download: setup() not called
+    assert dm.src_lang != dm.tgt_lang
+    model_config = model_config_from(cfg.model, 1000, 1000, 0)
+    assert model_config.d_model % model_config.n_heads == 0
+    optimizer = hydra.utils.instantiate(cfg.optimizer)
+    assert optimizer(torch.nn.Linear(2, 2).parameters()).defaults["lr"] == cfg.optimizer.lr
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_config_builds(tmp_path: Path, model: str) -> None:
+    cfg = compose_train(tmp_path, [f"model={model}"])
+    config = model_config_from(cfg.model, 37000, 37000, 0)
+    assert config.d_model >= 32 and config.n_encoder_layers >= 1
+
+
+@pytest.mark.parametrize("trainer", [t for t in TRAINERS if t not in ("gpu", "ddp")])
+def test_trainer_configs_instantiate(tmp_path: Path, trainer: str) -> None:
+    cfg = compose_train(tmp_path, [f"trainer={trainer}"])
+    t = hydra.utils.instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
+    assert t.max_epochs == cfg.trainer.max_epochs
+
+
+def test_lr_schedule_matches_the_paper() -> None:
+    d_model, warmup = 512, 4000
+    peak = paper_peak_lr(d_model, warmup)
+    assert peak == pytest.approx(7.0e-4, rel=0.01)
+    for step in (1, 100, 3999, 4000, 4001, 10_000, 100_000):
+        paper = d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+        assert peak * inverse_sqrt_schedule(step, warmup) == pytest.approx(paper, rel=1e-9)
+
+
+def test_scheduler_steps_every_optimizer_step() -> None:
+    module = TranslationModule(
+        {
+            "src_vocab_size": 20,
+            "tgt_vocab_size": 20,
+            "d_model": 16,
+            "n_heads": 2,
+            "d_ff": 16,
+            "n_encoder_layers": 1,
+            "n_decoder_layers": 1,
+        },
+        optimizer=lambda p: torch.optim.Adam(p, lr=2e-3),
+        warmup_steps=10,
+    )
+    conf = module.configure_optimizers()
+    opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
+    assert conf["lr_scheduler"]["interval"] == "step"
+    lrs = []
+    for _ in range(20):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[0] == pytest.approx(2e-3 * 1 / 10)  # first step of the warmup
+    assert lrs[9] == pytest.approx(2e-3)  # the peak at step == warmup
+    assert lrs[19] == pytest.approx(2e-3 * math.sqrt(10 / 20))
+
+
+def test_label_smoothing_zero_is_plain_cross_entropy() -> None:
+    logits = torch.randn(3, 5, 11)
+    target = torch.randint(1, 11, (3, 5))
+    target[0, 3:] = 0  # padding is ignored
+    loss, nll_sum, n = label_smoothed_loss(logits, target, pad_id=0, label_smoothing=0.0)
+    plain = F.cross_entropy(logits.reshape(-1, 11), target.reshape(-1), ignore_index=0)
+    torch.testing.assert_close(loss, plain)
+    assert int(n) == 13
+    torch.testing.assert_close(nll_sum / n, plain)
+    smoothed, _, _ = label_smoothed_loss(logits, target, pad_id=0, label_smoothing=0.1)
+    assert not torch.allclose(smoothed, plain)
+
+
+def _fit(tmp_path: Path, *overrides: str) -> tuple[float | None, Path]:
+    cfg = compose_train(tmp_path, [*FAST_TRAIN, *overrides])
+    return run(cfg), tmp_path
+
+
+def test_fit_writes_safe_self_contained_checkpoint(tmp_path: Path) -> None:
+    metric, run_dir = _fit(tmp_path)
+    assert metric is not None and 0.0 <= metric <= 100.0
+    last = run_dir / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, weights_only=True, map_location="cpu")  # plain types only
+    extra = ckpt["transformer_mt"]
+    tokenizer = Tokenizer.from_json(extra["tokenizer"])
+    assert tokenizer.src_vocab_size == extra["model_config"]["src_vocab_size"]
+    assert extra["src_lang"] == "en" and extra["tgt_lang"] == "de"
+    assert (run_dir / "tokenizer.json").is_file()
+    metrics = (run_dir / "csv" / "metrics.csv").read_text()
+    for name in (
+        "train/loss",
+        "train/lr",
+        "train/tokens_per_sec",
+        "val/bleu",
+        "val/chrf",
+        "test/bleu",
+    ):
+        assert name in metrics
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True, map_location="cpu")["state_dict"]
+
+
+def test_resume_continues_and_matches_uninterrupted_run(tmp_path: Path) -> None:
+    # Dropout on, so the resumed run must also continue the random stream.
+    common = ["model.dropout=0.2", "trainer.max_epochs=2", "test_after_fit=false"]
+    _fit(tmp_path / "full", *common)
+    _fit(tmp_path / "part", *common[:1], "trainer.max_epochs=1", "test_after_fit=false")
+    part = tmp_path / "part" / "checkpoints" / "last.ckpt"
+    first_step = torch.load(part, weights_only=True)["global_step"]
+    _fit(tmp_path / "resumed", *common, f"ckpt_path={part}")
+    full = torch.load(tmp_path / "full" / "checkpoints" / "last.ckpt", weights_only=True)
+    resumed = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert resumed["global_step"] == full["global_step"] == 2 * first_step
+    for name, value in full["state_dict"].items():
+        torch.testing.assert_close(resumed["state_dict"][name], value, msg=name)
+
+
+def test_resume_mid_epoch_replays_the_same_batches(tmp_path: Path) -> None:
+    # A checkpoint at step 10 of a 25-step epoch: the resumed run must skip the 10 batches it
+    # already trained on and continue the dropout random stream, ending bit-identical.
+    common = ["model.dropout=0.2", "trainer.max_epochs=2", "test_after_fit=false"]
+    _fit(tmp_path / "full", *common)
+    mid = ["trainer.max_steps=10", "callbacks.recent_checkpoints.every_n_train_steps=10"]
+    _fit(tmp_path / "part", *common, *mid)
+    part = tmp_path / "part" / "checkpoints" / "last.ckpt"
+    assert torch.load(part, weights_only=True)["global_step"] == 10
+    _fit(tmp_path / "resumed", *common, f"ckpt_path={part}")
+    full = _weights(tmp_path / "full" / "checkpoints" / "last.ckpt")
+    resumed = _weights(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    for name, value in full.items():
+        torch.testing.assert_close(resumed[name], value, rtol=0, atol=0, msg=name)
