@@ -1,0 +1,56 @@
+"""Average the parameters of the last or best N checkpoints of a run into a new checkpoint.
+
+    python scripts/average_checkpoints.py RUN_DIR --last 5 -o RUN_DIR/checkpoints/avg_last5.ckpt
+    python scripts/average_checkpoints.py RUN_DIR --best 3 -o avg_best3.ckpt
+    python scripts/average_checkpoints.py --inputs a.ckpt b.ckpt -o avg.ckpt
+
+"Best" ranks by the val/bleu in the file name (or in the checkpoint's ModelCheckpoint state).
+The result holds the model config and tokenizer, so evaluate.py and the translate command
+accept it; it has no optimizer state (it cannot resume training).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from transformer_mt.checkpoint import (
+    CheckpointError,
+    average_checkpoints,
+    save_checkpoint,
+    select_checkpoints,
+)
+
+log = logging.getLogger("average_checkpoints")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", nargs="?", help="run directory of train.py (holds checkpoints/)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--last", type=int, metavar="N", help="average the N latest checkpoints")
+    which.add_argument("--best", type=int, metavar="N", help="average the N best by val/bleu")
+    which.add_argument("--inputs", nargs="+", metavar="CKPT", help="average these checkpoints")
+    parser.add_argument("-o", "--output", required=True, help="where to write the average")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        if args.inputs:
+            paths = list(args.inputs)
+        elif args.run_dir and (args.last or args.best):
+            mode, n = ("last", args.last) if args.last else ("best", args.best)
+            paths = select_checkpoints(args.run_dir, n, mode)
+        else:
+            parser.error("give RUN_DIR with --last N or --best N, or --inputs CKPT ...")
+        averaged = average_checkpoints(paths)
+        out = save_checkpoint(averaged, args.output)
+    except (CheckpointError, OSError) as err:
+        print(f"average_checkpoints: error: {err}", file=sys.stderr)
+        return 1
+    log.info("averaged %d checkpoints into %s", len(paths), out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

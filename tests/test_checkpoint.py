@@ -1,0 +1,129 @@
+"""Safe checkpoint loading and its errors; averaging checkpoints."""
+
+from __future__ import annotations
+
+import pathlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_evaluate import DATA_OVERRIDES, best_checkpoint, evaluate, train_tiny_run
+from transformer_mt.checkpoint import (
+    CheckpointError,
+    UnsafeCheckpointError,
+    average_checkpoints,
+    load_checkpoint,
+    load_model,
+    save_checkpoint,
+    select_checkpoints,
+)
+from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.translate import main as translate_main
+
+
+class Touch:
+    """Unpickling this would create a file: the code-execution canary."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_tiny_run(tmp_path_factory.getbasetemp() / "tiny_run")
+
+
+@pytest.fixture(scope="module")
+def ckpt(run_dir: Path) -> Path:
+    return best_checkpoint(run_dir)
+
+
+def test_malicious_checkpoint_is_refused(ckpt: Path, tmp_path: Path, capsys) -> None:
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.ckpt"
+    state = load_checkpoint(ckpt)
+    state["state_dict"]["model.evil"] = Touch(marker)  # type: ignore[assignment]
+    torch.save(state, evil)
+    with pytest.raises(UnsafeCheckpointError, match="refusing to load"):
+        evaluate(tmp_path, f"ckpt_path={evil}")
+    assert translate_main(["--ckpt", str(evil)]) == 1
+    assert "refusing to load" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+def test_error_messages(ckpt: Path, tmp_path: Path) -> None:
+    good = load_checkpoint(ckpt)
+    cases: dict[str, tuple[object, str]] = {}
+
+    text = tmp_path / "notes.ckpt"
+    text.write_text("not a checkpoint\n")
+    cases["text"] = (text, "not a PyTorch checkpoint")
+
+    data = ckpt.read_bytes()
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(data[: len(data) // 2])
+    cases["truncated"] = (truncated, "truncated or corrupted")
+
+    flipped = bytearray(data)
+    middle = len(flipped) // 2
+    flipped[middle : middle + 64] = bytes(b ^ 0xFF for b in flipped[middle : middle + 64])
+    corrupted = tmp_path / "corrupted.ckpt"
+    corrupted.write_bytes(bytes(flipped))
+    cases["corrupted"] = (corrupted, "corrupted")
+
+    other = {**good, "state_dict": {"model.encoder.other.weight": torch.zeros(2)}}
+    cases["other model"] = (save_checkpoint(other, tmp_path / "other.ckpt"), "another model")
+
+    plain = {k: v for k, v in good.items() if k != "transformer_mt"}
+    cases["not ours"] = (save_checkpoint(plain, tmp_path / "plain.ckpt"), "not from transformer-mt")
+
+    small = Tokenizer.train([["a b c d e f", "g h i"]], [["a b c", "d e"]], vocab_size=270)
+    wrong_vocab = {
+        **good,
+        "transformer_mt": {**good["transformer_mt"], "tokenizer": small.to_json()},
+    }
+    cases["vocab"] = (save_checkpoint(wrong_vocab, tmp_path / "vocab.ckpt"), "vocabulary has")
+
+    cases["missing"] = (tmp_path / "missing.ckpt", "does not exist")
+    for name, (path, message) in cases.items():
+        with pytest.raises(CheckpointError) as info:
+            load_model(path)  # type: ignore[arg-type]
+        text_ = str(info.value)
+        assert message in text_, (name, text_)
+        assert "\n" not in text_, name
+
+
+def test_average_of_copies_is_identity(ckpt: Path, tmp_path: Path) -> None:
+    averaged = average_checkpoints([ckpt, ckpt])
+    original = load_checkpoint(ckpt)["state_dict"]
+    for key, value in original.items():
+        assert torch.equal(averaged["state_dict"][key], value), key
+
+
+def test_average_of_two_is_the_mean(run_dir: Path, tmp_path: Path) -> None:
+    paths = select_checkpoints(run_dir, 2, "last")
+    a, b = (load_checkpoint(p)["state_dict"] for p in paths)
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    out = save_checkpoint(average_checkpoints(paths), tmp_path / "avg.ckpt")
+    averaged = load_checkpoint(out)["state_dict"]
+    for key in a:
+        if a[key].is_floating_point():
+            torch.testing.assert_close(averaged[key], (a[key] + b[key]) / 2)
+    # The average is a full checkpoint: it loads, evaluates and translates.
+    loaded = load_model(out)
+    assert loaded.tokenizer.src_vocab_size == loaded.config.src_vocab_size
+    results = evaluate(tmp_path, f"ckpt_path={out}", "data=numbers", *DATA_OVERRIDES)
+    assert results["n_sentences"] == 40
+
+
+def test_select_best_and_last(run_dir: Path) -> None:
+    last = select_checkpoints(run_dir, 1, "last")
+    assert len(last) == 1
+    best = select_checkpoints(run_dir, 1, "best")
+    assert best[0].suffix == ".ckpt"
+    with pytest.raises(CheckpointError, match="fewer than"):
+        select_checkpoints(run_dir, 99, "last")

@@ -1,0 +1,229 @@
+"""evaluate.py: train-then-evaluate gives the trainer's test scores; results.json; errors.
+
+The tiny run trained here (a few seconds) is shared with test_translate.py, test_checkpoint.py
+and test_scripts.py through :func:`tiny_run_dir` (trained once per session, in the session's
+base temp directory).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from transformer_mt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from transformer_mt.evaluate import DataMismatchError, run
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = str(ROOT / "configs")
+
+#: Training overrides of the shared tiny run; evaluation needs the same data overrides.
+DATA_OVERRIDES = [
+    "data.sizes.train=1000",
+    "data.sizes.validation=40",
+    "data.sizes.test=40",
+    "data.cache_dir=null",
+]
+TRAIN_OVERRIDES = [
+    *DATA_OVERRIDES,
+    "trainer.max_epochs=2",
+    "callbacks=none",
+    "logger=csv",
+    "trainer.enable_model_summary=false",
+    "trainer.log_every_n_steps=1",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.d_ff=64",
+    "model.max_len=64",
+    "module.warmup_steps=10",
+    "optimizer.lr=3e-3",
+    "threads=1",
+]
+
+
+def train_tiny_run(run_dir: Path) -> Path:
+    """Train the tiny model into ``run_dir`` once (idempotent); return ``run_dir``.
+
+    Like ``python train.py``, it leaves ``.hydra/config.yaml`` in the run directory, which
+    evaluate.py reads when the checkpoint stores no data config.
+    """
+    done = run_dir / "DONE"
+    if done.exists():
+        return run_dir
+    from transformer_mt.train import run as train_run
+
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        cfg = compose("train", overrides=[f"run_dir={run_dir}", *TRAIN_OVERRIDES])
+    train_run(cfg)
+    (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    done.touch()
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_tiny_run(tmp_path_factory.getbasetemp() / "tiny_run")
+
+
+def best_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint train.run tested: ModelCheckpoint's best_model_path, kept in last.ckpt."""
+    states = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["callbacks"]
+    (state,) = [s for s in states.values() if s.get("monitor") == "val/bleu"]
+    return Path(state["best_model_path"])
+
+
+def trainer_test_metrics(run_dir: Path) -> dict[str, float]:
+    with open(run_dir / "csv" / "metrics.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("test/bleu")]
+    assert rows, "train.run logged no test metrics"
+    return {k: float(v) for k, v in rows[-1].items() if k.startswith("test/") and v}
+
+
+def evaluate(tmp_path: Path, *overrides: str) -> dict:
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        cfg = compose("evaluate", overrides=[f"run_dir={tmp_path}", "progress=false", *overrides])
+    return run(cfg)
+
+
+def test_bleu_equals_trainer_test_bleu(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """train.run tests the best checkpoint; evaluate.py on it, same decoding, same scores."""
+    expected = trainer_test_metrics(tiny_run_dir)
+    results = evaluate(tmp_path, f"ckpt_path={best_checkpoint(tiny_run_dir)}")
+    assert results["data"]["origin"] == "training run"  # found .hydra/config.yaml
+    assert results["metrics"]["bleu"] == pytest.approx(expected["test/bleu"], abs=0.01)
+    assert results["metrics"]["chrf"] == pytest.approx(expected["test/chrf"], abs=0.01)
+    assert results["metrics"]["bleu_lc"] == pytest.approx(expected["test/bleu_lc"], abs=0.01)
+
+
+def test_results_json_fields_and_hypotheses(tiny_run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sub" / "res.json"
+    results = evaluate(
+        tmp_path,
+        f"ckpt_path={best_checkpoint(tiny_run_dir)}",
+        f"results_path={out}",
+        "batch.sentences=7",
+        "decoding.beam_size=2",
+    )
+    saved = json.loads(out.read_text())
+    for key in (
+        "metrics",
+        "signature",
+        "checkpoint",
+        "data",
+        "decoding",
+        "n_sentences",
+        "decoding_time_s",
+        "sentences_per_s",
+    ):
+        assert key in saved, key
+    assert set(saved["metrics"]) == {"bleu", "bleu_lc", "chrf"}
+    assert "tok:13a" in saved["signature"]["bleu"] and "case:mixed" in saved["signature"]["bleu"]
+    assert saved["n_sentences"] == 40
+    assert saved["decoding"]["beam_size"] == 2 and saved["decoding"]["batch_sentences"] == 7
+    hyps = Path(results["hypotheses_path"]).read_text(encoding="utf-8").split("\n")
+    assert len(hyps) == 41 and hyps[-1] == ""  # one line per sentence
+
+
+def test_data_config_stored_in_checkpoint_is_used(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """A checkpoint that stores its data config (transformer_mt.data) needs no run directory."""
+    ckpt = load_checkpoint(best_checkpoint(tiny_run_dir))
+    train_cfg = OmegaConf.load(tiny_run_dir / ".hydra" / "config.yaml")
+    ckpt["transformer_mt"]["data"] = OmegaConf.to_container(train_cfg.data, resolve=True)
+    lone = save_checkpoint(ckpt, tmp_path / "alone" / "model.ckpt")
+    results = evaluate(tmp_path, f"ckpt_path={lone}")
+    assert results["data"]["origin"] == "checkpoint"
+    assert results["metrics"]["chrf"] == pytest.approx(
+        trainer_test_metrics(tiny_run_dir)["test/chrf"], abs=0.01
+    )
+    # Overrides still win: another split of the same data.
+    val = evaluate(tmp_path, f"ckpt_path={lone}", "split=validation", "data.sizes.validation=40")
+    assert val["data"]["split"] == "validation" and val["n_sentences"] == 40
+
+
+def test_data_from_overrides_and_files(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """Without a stored data config: `data=numbers ...` overrides, or plain files."""
+    ckpt = load_checkpoint(best_checkpoint(tiny_run_dir))
+    lone = save_checkpoint(ckpt, tmp_path / "alone" / "model.ckpt")
+    with pytest.raises(DataMismatchError, match="stores no data config"):
+        evaluate(tmp_path, f"ckpt_path={lone}")
+    results = evaluate(tmp_path, f"ckpt_path={lone}", "data=numbers", *DATA_OVERRIDES)
+    assert results["data"]["origin"] == "overrides"
+    assert results["metrics"]["chrf"] == pytest.approx(
+        trainer_test_metrics(tiny_run_dir)["test/chrf"], abs=0.01
+    )
+    # A test set in the Multi30k files layout, chosen by data.prefixes.test=...
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for prefix in ("train", "val", "test_2017_flickr"):
+        (corpus / f"{prefix}.en").write_text("Anna has two apples.\nTom saw a car.\n")
+        (corpus / f"{prefix}.de").write_text("Anna hat zwei Äpfel.\nTom hat ein Auto gesehen.\n")
+    files = evaluate(
+        tmp_path,
+        f"ckpt_path={lone}",
+        "data=files",
+        f"data.dir={corpus}",
+        "data.file_format=parallel",
+        "data.cache_dir=null",
+        "data.num_workers=0",
+        "data.prefixes.test=test_2017_flickr",
+    )
+    assert files["n_sentences"] == 2
+    plain = evaluate(
+        tmp_path,
+        f"ckpt_path={lone}",
+        f"source_file={corpus / 'test_2017_flickr.en'}",
+        f"reference_file={corpus / 'test_2017_flickr.de'}",
+    )
+    assert plain["metrics"]["chrf"] == pytest.approx(files["metrics"]["chrf"], abs=0.01)
+
+
+def test_language_mismatch(tiny_run_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(DataMismatchError, match=r"translates en->de but the data is de->en"):
+        evaluate(
+            tmp_path,
+            f"ckpt_path={best_checkpoint(tiny_run_dir)}",
+            "data.src_lang=de",
+            "data.tgt_lang=en",
+        )
+
+
+def test_missing_checkpoint_and_path(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="no checkpoint given"):
+        evaluate(tmp_path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        evaluate(tmp_path, f"ckpt_path={tmp_path / 'nope.ckpt'}")
+
+
+def test_cli_error_is_one_line_without_traceback(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["OMP_NUM_THREADS"] = "1"
+    bad = tmp_path / "model.ckpt"
+    bad.write_text("not a checkpoint\n")
+    proc = subprocess.run(
+        [sys.executable, "evaluate.py", f"ckpt_path={bad}", f"hydra.run.dir={tmp_path / 'out'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "not a PyTorch checkpoint" in errors[0], proc.stderr
+
+
+def test_checkpoint_holds_plain_tensors_and_languages(tiny_run_dir: Path) -> None:
+    """Sanity check of the fixture: the checkpoint holds a usable model and tokenizer."""
+    ckpt = load_checkpoint(best_checkpoint(tiny_run_dir))
+    assert ckpt["transformer_mt"]["src_lang"] == "en"
+    assert all(torch.is_tensor(v) for v in ckpt["state_dict"].values())

@@ -1,0 +1,80 @@
+"""scripts/: average_checkpoints, plot_attention and plot_metrics on the shared tiny run."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from test_evaluate import best_checkpoint, train_tiny_run
+from transformer_mt.checkpoint import load_checkpoint, load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_tiny_run(tmp_path_factory.getbasetemp() / "tiny_run")
+
+
+def is_png(path: Path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_average_checkpoints_script(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "avg.ckpt"
+    assert script("average_checkpoints").main([str(run_dir), "--last", "2", "-o", str(out)]) == 0
+    assert load_model(out).config.d_model == 32
+    copy = tmp_path / "copy.ckpt"
+    ckpt = best_checkpoint(run_dir)
+    assert (
+        script("average_checkpoints").main(["--inputs", str(ckpt), str(ckpt), "-o", str(copy)]) == 0
+    )
+    a, b = load_checkpoint(ckpt)["state_dict"], load_checkpoint(copy)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert script("average_checkpoints").main([str(run_dir), "--best", "50", "-o", str(out)]) == 1
+
+
+def test_plot_attention(run_dir: Path, tmp_path: Path) -> None:
+    mod = script("plot_attention")
+    loaded = load_model(best_checkpoint(run_dir))
+    src, out, tgt_in, maps, _ = mod.attention_maps(loaded, "Anna has two apples.", max_len_b=5)
+    n_layers = loaded.config.n_encoder_layers
+    heads = loaded.config.n_heads
+    assert len(maps["encoder_self"]) == n_layers
+    assert maps["encoder_self"][0].shape == (heads, len(src), len(src))
+    assert maps["decoder_self"][0].shape == (heads, len(out), len(tgt_in))
+    assert maps["cross"][0].shape == (heads, len(out), len(src))
+    torch.testing.assert_close(maps["cross"][0].sum(-1), torch.ones(heads, len(out)))
+    # Causal: no weight on future decoder positions.
+    assert float(maps["decoder_self"][0].triu(1).abs().sum()) == 0.0
+    ckpt = str(best_checkpoint(run_dir))
+    assert (
+        mod.main(["--ckpt", ckpt, "Anna has two apples.", "-o", str(tmp_path), "--only", "cross"])
+        == 0
+    )
+    assert is_png(tmp_path / "cross.png")
+    assert all(
+        m.store_weights is False for m in loaded.model.modules() if hasattr(m, "store_weights")
+    )
+
+
+def test_plot_metrics(run_dir: Path, tmp_path: Path) -> None:
+    mod = script("plot_metrics")
+    series = mod.read_metrics(run_dir / "csv" / "metrics.csv")
+    assert "train/loss" in series and "val/bleu" in series
+    out = tmp_path / "curves.png"
+    assert mod.main([str(run_dir), "-o", str(out)]) == 0
+    assert is_png(out)
+    assert mod.main([str(tmp_path / "nothing")]) == 1
