@@ -7,9 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAST_TRAIN, compose_train
 
 from transformer_mt.train import run
+
+from conftest import FAST_TRAIN, compose_train
 
 
 def test_wandb_offline_writes_files_without_network(tmp_path: Path, monkeypatch) -> None:
@@ -23,7 +24,10 @@ def test_wandb_offline_writes_files_without_network(tmp_path: Path, monkeypatch)
     cfg = compose_train(tmp_path, [*FAST_TRAIN, "logger=wandb", "test_after_fit=false"])
     run(cfg)
     assert time.monotonic() - start < 120  # no retry loop against an unreachable server
-    assert os.environ["WANDB_MODE"] in ("offline", "dryrun")  # WandbLogger(offline=True) says dryrun
+    assert os.environ["WANDB_MODE"] in (
+        "offline",
+        "dryrun",
+    )  # WandbLogger(offline=True) says dryrun
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert runs, f"no offline run under {tmp_path / 'wandb'}"
     assert any(p.suffix == ".wandb" for p in runs[0].iterdir())

@@ -18,15 +18,13 @@ import torch.nn.functional as F
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
+from transformer_mt.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_KEY
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.metrics import corpus_scores
 from transformer_mt.model import ModelConfig, Transformer
 from transformer_mt.search import SearchConfig, generate
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_KEY = "transformer_mt"
-CHECKPOINT_FORMAT = 1
 
 
 class NonFiniteLossError(RuntimeError):
@@ -90,6 +88,9 @@ class TranslationModule(pl.LightningModule):
         nonfinite_loss: ``"stop"`` raises :class:`NonFiniteLossError`; ``"skip"`` skips the
             batch (no optimizer step) and counts it.
         tokenizer: stored in every checkpoint so that a checkpoint alone can translate.
+        src_lang, tgt_lang: language codes, stored in checkpoints (evaluation checks them).
+        data_config: the resolved data config (plain dict), stored in checkpoints so that
+            evaluate.py can rebuild the test set without the training config.
     """
 
     def __init__(
@@ -104,6 +105,7 @@ class TranslationModule(pl.LightningModule):
         tokenizer: Tokenizer | None = None,
         src_lang: str | None = None,
         tgt_lang: str | None = None,
+        data_config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if not 0.0 <= label_smoothing < 1.0:
@@ -111,13 +113,14 @@ class TranslationModule(pl.LightningModule):
         if nonfinite_loss not in ("stop", "skip"):
             raise ValueError(f"nonfinite_loss must be 'stop' or 'skip', got {nonfinite_loss!r}")
         # Plain types only: the checkpoint must load with torch.load(weights_only=True).
-        self.save_hyperparameters(ignore=["optimizer", "tokenizer"])
+        self.save_hyperparameters(ignore=["optimizer", "tokenizer", "data_config"])
         self.config = ModelConfig.from_dict(dict(model_config))
         self.model = Transformer(self.config)
         self.optimizer_factory = optimizer
         self.search = SearchConfig(**(decoding or {}))
         self.tokenizer = tokenizer
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
+        self.data_config = dict(data_config) if data_config else None
         self._step_start = 0.0
         self._eval_outputs: list[tuple[int, str, str, str]] = []
         self._eval_loss = [0.0, 0]  # nll sum, tokens
@@ -277,6 +280,7 @@ class TranslationModule(pl.LightningModule):
             "src_lang": self.src_lang,
             "tgt_lang": self.tgt_lang,
             "decoding": dict(self.hparams.decoding or {}),
+            "data": self.data_config,
         }
         # Dropout draws from the global RNG: saving its state makes a resumed run continue
         # with the same random stream as an uninterrupted one (Lightning does not save it).

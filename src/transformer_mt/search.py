@@ -197,7 +197,10 @@ def beam_search(
         rows = (torch.arange(n, device=device)[:, None] * K + beam).view(-1)  # (n*K,)
         prefix = torch.cat([prefix[rows], token.view(-1, 1)], dim=1)  # (n*K, t + 2)
         if cache is not None:
-            _select_cache(cache, rows)
+            # Beams move only within their sentence, whose K rows of cross-attention K/V are
+            # identical: only the self-attention caches need reordering here.
+            for self_cache, _ in cache:
+                self_cache.reorder(rows)
 
         # A sentence is done with K finished hypotheses or at its length cap.
         done = torch.tensor([len(finished[b]) >= K for b in alive.tolist()], device=device)
