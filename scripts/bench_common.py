@@ -1,0 +1,236 @@
+"""Helpers shared by ``scripts/benchmark.py``: timing, memory, FLOP peak, profiling, output.
+
+Timing is wall-clock (``time.perf_counter``) on the CPU. Contenders are *interleaved*: every
+repeat runs each contender once, in a rotating order, so slow drift of a shared machine (other
+jobs, thermal state) hits all of them alike; the reported figure is the median over repeats.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+#: JSON/markdown tables: a header and rows of already formatted cells.
+Table = tuple[str, list[str], list[list[str]]]
+
+
+def setup_torch(threads: int, seed: int = 0) -> None:
+    """Pin the intra-op thread count (the machine is shared) and seed the generators."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+
+
+def environment() -> dict[str, Any]:
+    """What the numbers were measured on: versions, threads, CPU model."""
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def interleaved_times(
+    contenders: dict[str, Callable[[], Any]],
+    repeats: int,
+    warmup: int = 1,
+    repeats_per: dict[str, int] | None = None,
+) -> dict[str, list[float]]:
+    """Time each callable ``repeats`` times, interleaving contenders; seconds per call.
+
+    Args:
+        contenders: name -> zero-argument callable doing one unit of work.
+        repeats: timed calls per contender.
+        warmup: untimed calls per contender first (allocator, lazy init, kernel choice).
+        repeats_per: optional lower repeat count for expensive contenders; they take part
+            in the first ``repeats_per[name]`` rounds only.
+    """
+    repeats_per = repeats_per or {}
+    names = list(contenders)
+    for _ in range(warmup):
+        for name in names:
+            if repeats_per.get(name, repeats) > 0:
+                contenders[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        order = names[r % len(names) :] + names[: r % len(names)]  # rotate the start
+        for name in order:
+            if r >= repeats_per.get(name, repeats):
+                continue
+            start = time.perf_counter()
+            contenders[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median(values: list[float]) -> float:
+    """Median of a non-empty list (``nan`` when empty, e.g. a skipped contender)."""
+    return statistics.median(values) if values else float("nan")
+
+
+def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> dict[str, float]:
+    """Measured fp32 FLOP/s of one ``n x n @ n x n`` ``torch.matmul`` (median, best)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    times = interleaved_times({"mm": lambda: a @ b}, repeats=repeats, warmup=1)["mm"]
+    flops = 2.0 * n**3
+    return {
+        "n": n,
+        "median_flops_per_s": flops / median(times),
+        "best_flops_per_s": flops / min(times),
+    }
+
+
+class SavedTensorBytes:
+    """Sum the bytes of tensors autograd saves for backward (a context manager).
+
+    This is the activation memory a training step keeps alive between forward and backward:
+    deterministic (unlike allocator statistics on a shared CPU) and exactly the quantity that
+    grows linearly or quadratically with sequence length. Each storage is counted once (views
+    share storage), and storages of the ``exclude`` tensors (parameters) are not counted.
+    """
+
+    def __init__(self, exclude: list[torch.Tensor] | None = None) -> None:
+        self._exclude = {t.untyped_storage().data_ptr() for t in exclude or []}
+        self._seen: dict[int, int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda x: x)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in self._exclude and ptr != 0:
+            self._seen[ptr] = storage.nbytes()
+        return tensor
+
+    @property
+    def bytes(self) -> int:
+        return sum(self._seen.values())
+
+    def __enter__(self) -> SavedTensorBytes:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
+
+
+#: Ops that are matrix multiplications (what a FLOP peak measured with matmul can reach).
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul")
+
+
+def top_ops(fn: Callable[[], Any], rows: int = 12, calls: int = 2) -> dict[str, Any]:
+    """Profile ``calls`` calls of ``fn`` with ``torch.profiler``; top ops by self CPU time.
+
+    Times are per call. ``matmul_pct`` is the share of self CPU time spent in
+    :data:`MATMUL_OPS` (SDPA kernels not included): what is left is elementwise work,
+    reductions, copies and framework overhead.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    matmul = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS)
+    return {
+        "calls": calls,
+        "self_cpu_ms_per_call": round(total / 1e3 / calls, 1),
+        "matmul_pct": round(100.0 * matmul / total, 1),
+        "top": [
+            {
+                "op": e.key,
+                "self_cpu_ms": round(e.self_cpu_time_total / 1e3 / calls, 2),
+                "self_cpu_pct": round(100.0 * e.self_cpu_time_total / total, 1),
+                "calls": e.count // calls,
+            }
+            for e in events[:rows]
+        ],
+    }
+
+
+def profile_tables(profiles: dict[str, dict[str, Any]], what: str) -> list[Table]:
+    """One table per profiled contender (see :func:`top_ops`)."""
+    tables: list[Table] = []
+    for name, prof in profiles.items():
+        title = (
+            f"Top ops by self CPU time per {what}, {name} "
+            f"(total {prof['self_cpu_ms_per_call']} ms, matmul {prof['matmul_pct']}%)"
+        )
+        rows = [
+            [o["op"], f"{o['self_cpu_ms']:.1f}", f"{o['self_cpu_pct']:.1f}", str(o["calls"])]
+            for o in prof["top"]
+        ]
+        tables.append((title, ["op", "self ms", "%", "calls"], rows))
+    return tables
+
+
+def parameter_count(module: nn.Module) -> int:
+    """Parameters, each shared tensor counted once."""
+    return sum(p.numel() for p in module.parameters())
+
+
+def goal(name: str, value: float, target: float, higher_is_better: bool = True) -> dict[str, Any]:
+    """A goal record: met when ``value`` is on the right side of ``target``."""
+    met = value >= target if higher_is_better else value <= target
+    return {
+        "goal": name,
+        "value": round(value, 3),
+        "target": target,
+        "comparison": ">=" if higher_is_better else "<=",
+        "met": bool(met),
+    }
+
+
+def markdown_table(title: str, header: list[str], rows: list[list[str]]) -> str:
+    """A GitHub markdown table with a bold title line."""
+    lines = [f"**{title}**", "", "| " + " | ".join(header) + " |"]
+    lines.append("|" + "|".join("---" for _ in header) + "|")
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def print_tables(tables: list[Table], fmt: str) -> None:
+    """Print tables with rich (``fmt='rich'``) or as markdown (``fmt='markdown'``)."""
+    if fmt == "markdown":
+        for title, header, rows in tables:
+            print(markdown_table(title, header, rows) + "\n")
+        return
+    from rich.console import Console
+    from rich.table import Table as RichTable
+
+    console = Console()
+    for title, header, rows in tables:
+        table = RichTable(title=title)
+        for column in header:
+            table.add_column(column, justify="right" if column != header[0] else "left")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+
+
+def write_json(result: dict[str, Any], path: Path) -> None:
+    """Write ``result`` as indented JSON, creating the folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")

@@ -1,0 +1,66 @@
+"""Smoke test of ``scripts/benchmark.py``: every subcommand in ``--quick`` mode writes sane JSON."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def _positive(value: float) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+@pytest.fixture
+def benchmark(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # the script imports its sibling bench_common
+    return importlib.import_module("benchmark")
+
+
+def test_all_subcommands_quick(benchmark, tmp_path: Path) -> None:
+    results = benchmark.main(
+        ["all", "--quick", "--threads", "1", "--out", str(tmp_path), "--plot", "--profile"]
+    )
+    assert set(results) == {"attention", "train", "decode"}
+    on_disk = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in results}
+
+    attention = on_disk["attention"]
+    assert attention["settings"]["quick"] is True
+    for row in attention["rows"]:
+        for name in ("ours_fused", "ours_explicit", "nn.MultiheadAttention"):
+            assert _positive(row[name]["median_ms"])
+            assert _positive(row[name]["saved_bytes"])
+    # The explicit path saves the (B, H, L, L) weights; the fused kernel does not.
+    last = attention["rows"][-1]
+    assert last["ours_explicit"]["saved_bytes"] > last["ours_fused"]["saved_bytes"]
+    assert _positive(attention["typical"]["fused_vs_torch_time"])
+    assert (tmp_path / "attention.png").is_file()
+
+    train = on_disk["train"]
+    for name in ("ours", "nn.Transformer"):
+        model = train["models"][name]
+        assert _positive(model["target_tokens_per_s"])
+        assert 0 < model["mfu"] < 10
+    # Same embeddings, stacks and tied generator: the same parameter count.
+    assert train["models"]["ours"]["parameters"] == train["models"]["nn.Transformer"]["parameters"]
+    assert _positive(train["flops"]["total_flops"]) and "formula" in train["flops"]
+    assert _positive(train["matmul_peak"]["used_flops_per_s"])
+    assert 0 <= train["profile"]["ours"]["matmul_pct"] <= 100 and train["profile"]["ours"]["top"]
+
+    decode = on_disk["decode"]
+    n_new = decode["settings"]["new_tokens"]
+    for name, row in decode["rows"].items():
+        assert _positive(row["sentences_per_s"]), name
+        # eos is suppressed until the cap: every contender runs exactly n_new steps.
+        assert row["output_length"] == n_new, name
+    if decode["hf_available"]:
+        assert any(name.startswith("hf_marian") for name in decode["rows"])
+
+    for result in on_disk.values():
+        assert result["goals"]
+        assert all(isinstance(g["met"], bool) for g in result["goals"])
