@@ -1,0 +1,90 @@
+"""Large-corpus tooling: the synthetic corpus writer and the cached, memory-mapped pipeline.
+
+The full-size measurement (1M pairs, docs/scaling.md) takes minutes; here the same
+scripts run on a few thousand pairs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_script(name: str):
+    """Import ``scripts/<name>.py`` as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_large_corpus = _load_script("make_large_corpus")
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def test_make_large_corpus_writes_aligned_files(tmp_path: Path) -> None:
+    make_large_corpus.main(
+        [str(tmp_path), "--pairs", "500", "--base", "60", "--eval-pairs", "20", "--seed", "1"]
+    )
+    for prefix, n in (("train", 500), ("val", 20), ("test", 20)):
+        src, tgt = _lines(tmp_path / f"{prefix}.en"), _lines(tmp_path / f"{prefix}.de")
+        assert len(src) == len(tgt) == n
+        assert all(s and t for s, t in zip(src, tgt))
+    train = _lines(tmp_path / "train.en")
+    # Pairs join 2-3 base sentences, so they are long and (nearly) all different.
+    assert len(set(train)) > 0.95 * len(train)
+    assert min(s.count(".") for s in train) >= 2
+    # Evaluation sentences use numbers that training never saw.
+    test_sentences = set(_lines(tmp_path / "test.en"))
+    train_sentences = {part.strip() + "." for s in train for part in s.split(".") if part}
+    assert not test_sentences & train_sentences
+
+
+@pytest.mark.slow
+def test_second_run_reuses_the_arrow_cache(tmp_path: Path) -> None:
+    """Run 1 tokenizes into the cache; run 2 memory-maps it, faster and without rewriting."""
+    corpus, cache, work = tmp_path / "corpus", tmp_path / "cache", tmp_path / "run"
+    make_large_corpus.main([str(corpus), "--pairs", "20000", "--base", "2000"])
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    def bench(name: str) -> dict:
+        out = tmp_path / f"{name}.json"
+        command = [
+            sys.executable,
+            str(ROOT / "scripts" / "bench_data_memory.py"),
+            str(corpus),
+            "--cache-dir",
+            str(cache),
+            "--work-dir",
+            str(work),
+            "--vocab-size",
+            "1000",
+            "--batches",
+            "20",
+            "--json",
+            str(out),
+        ]
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return json.loads(out.read_text())
+
+    first = bench("first")
+    arrow = {p: p.stat().st_mtime_ns for p in cache.glob("*.arrow")}
+    second = bench("second")
+    assert not first["cache_existed"] and second["cache_existed"]
+    assert {p: p.stat().st_mtime_ns for p in cache.glob("*.arrow")} == arrow
+    assert second["prepare"]["seconds"] < first["prepare"]["seconds"]
+    assert second["train_pairs"] == first["train_pairs"] > 19000
+    assert second["first_20_batches"]["seconds"] < 30
