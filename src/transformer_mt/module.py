@@ -160,7 +160,8 @@ class TranslationModule(pl.LightningModule):
                 "intact; set module.nonfinite_loss=skip to skip such batches instead"
             )
         n = max(int(n_tokens), 1)
-        self.log("train/loss", loss, prog_bar=True, batch_size=n)
+        # sync_dist: under DDP the logged loss is the mean over ranks, not rank 0's share.
+        self.log("train/loss", loss, prog_bar=True, batch_size=n, sync_dist=True)
         self.log("train/ppl", math.exp(min(float(nll_sum) / n, 50.0)), batch_size=n)
         self._train_tokens = n
         return loss

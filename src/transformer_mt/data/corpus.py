@@ -29,12 +29,14 @@ Three sources, selected by ``CorpusConfig.source``:
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import logging
 import os
 import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -45,6 +47,10 @@ import numpy as np
 from transformer_mt.data.numbers import number_sentences
 
 log = logging.getLogger(__name__)
+
+_TEXT_FEATURES = datasets.Features(
+    {"src": datasets.Value("string"), "tgt": datasets.Value("string")}
+)
 
 SOURCES = ("hub", "files", "generated")
 FILE_FORMATS = ("auto", "parallel", "tsv", "jsonl")
@@ -322,8 +328,8 @@ def _open_binary(path: Path) -> Any:
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
-def read_lines(path: str | os.PathLike[str]) -> list[str]:
-    """Read a UTF-8 text file (plain or ``.gz``) into stripped lines.
+def iter_lines(path: str | os.PathLike[str]) -> Iterator[str]:
+    """Stream the stripped lines of a UTF-8 text file (plain or ``.gz``), one at a time.
 
     Raises:
         FileNotFoundError: the file does not exist.
@@ -332,21 +338,27 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"Corpus file not found: {path}")
-    lines: list[str] = []
+    number = 0
     try:
         with _open_binary(path) as handle:
             for raw in handle:
+                number += 1
                 try:
-                    lines.append(raw.decode("utf-8").strip())
+                    line = raw.decode("utf-8").strip()
                 except UnicodeDecodeError as err:
                     raise ValueError(
-                        f"{path}, line {len(lines) + 1}: not valid UTF-8 ({err.reason} at "
+                        f"{path}, line {number}: not valid UTF-8 ({err.reason} at "
                         f"byte {err.start} of the line); convert the file to UTF-8, e.g. "
                         "with iconv."
                     ) from None
+                yield line
     except (OSError, EOFError) as err:  # gzip.BadGzipFile, truncated archives
-        raise ValueError(f"{path}: cannot read it after line {len(lines)} ({err}).") from None
-    return lines
+        raise ValueError(f"{path}: cannot read it after line {number} ({err}).") from None
+
+
+def read_lines(path: str | os.PathLike[str]) -> list[str]:
+    """Read a UTF-8 text file (plain or ``.gz``) into stripped lines (see :func:`iter_lines`)."""
+    return list(iter_lines(path))
 
 
 def _find(directory: Path, stem: str) -> Path | None:
@@ -357,7 +369,7 @@ def _find(directory: Path, stem: str) -> Path | None:
     return None
 
 
-def _read_parallel(directory: Path, prefix: str, src_lang: str, tgt_lang: str) -> dict:
+def _parallel_paths(directory: Path, prefix: str, src_lang: str, tgt_lang: str) -> list[Path]:
     paths = []
     for lang in (src_lang, tgt_lang):
         path = _find(directory, f"{prefix}.{lang}")
@@ -369,32 +381,40 @@ def _read_parallel(directory: Path, prefix: str, src_lang: str, tgt_lang: str) -
                 f"{sorted(p.name for p in directory.iterdir())[:12]}"
             )
         paths.append(path)
-    src, tgt = read_lines(paths[0]), read_lines(paths[1])
-    if len(src) != len(tgt):
-        raise ValueError(
-            f"Line counts differ: {paths[0]} has {len(src)} lines, {paths[1]} has "
-            f"{len(tgt)}; parallel files must be line-aligned."
-        )
-    return {"src": src, "tgt": tgt}
+    return paths
 
 
-def _read_tsv(path: Path) -> dict:
-    src, tgt = [], []
-    for number, line in enumerate(read_lines(path), start=1):
+def _count_lines(path: Path) -> int:
+    with _open_binary(path) as handle:
+        return sum(1 for _ in handle)
+
+
+def _rows_parallel(src_path: str, tgt_path: str) -> Iterator[dict[str, str]]:
+    """Line pairs of two aligned files, streamed (``Dataset.from_generator`` input)."""
+    src_lines, tgt_lines = iter_lines(src_path), iter_lines(tgt_path)
+    for src, tgt in zip_longest(src_lines, tgt_lines):
+        if src is None or tgt is None:
+            counts = {p: _count_lines(Path(p)) for p in (src_path, tgt_path)}
+            raise ValueError(
+                f"Line counts differ: {src_path} has {counts[src_path]} lines, {tgt_path} has "
+                f"{counts[tgt_path]}; parallel files must be line-aligned."
+            )
+        yield {"src": src, "tgt": tgt}
+
+
+def _rows_tsv(path: str) -> Iterator[dict[str, str]]:
+    for number, line in enumerate(iter_lines(path), start=1):
         fields = line.split("\t")
         if len(fields) != 2:
             raise ValueError(
                 f"{path}, line {number}: expected 2 tab-separated fields (src<TAB>tgt), "
                 f"found {len(fields)}."
             )
-        src.append(fields[0].strip())
-        tgt.append(fields[1].strip())
-    return {"src": src, "tgt": tgt}
+        yield {"src": fields[0].strip(), "tgt": fields[1].strip()}
 
 
-def _read_jsonl(path: Path, src_lang: str, tgt_lang: str) -> dict:
-    src, tgt = [], []
-    for number, line in enumerate(read_lines(path), start=1):
+def _rows_jsonl(path: str, src_lang: str, tgt_lang: str) -> Iterator[dict[str, str]]:
+    for number, line in enumerate(iter_lines(path), start=1):
         if not line:
             continue
         try:
@@ -403,8 +423,7 @@ def _read_jsonl(path: Path, src_lang: str, tgt_lang: str) -> dict:
             raise ValueError(f"{path}, line {number}: invalid JSON ({err.msg}).") from None
         for keys in (("src", "tgt"), (src_lang, tgt_lang)):
             if isinstance(row, dict) and keys[0] in row and keys[1] in row:
-                src.append(str(row[keys[0]]).strip())
-                tgt.append(str(row[keys[1]]).strip())
+                yield {"src": str(row[keys[0]]).strip(), "tgt": str(row[keys[1]]).strip()}
                 break
         else:
             found = sorted(row) if isinstance(row, dict) else type(row).__name__
@@ -412,7 +431,36 @@ def _read_jsonl(path: Path, src_lang: str, tgt_lang: str) -> dict:
                 f"{path}, line {number}: expected keys 'src'/'tgt' or "
                 f"{src_lang!r}/{tgt_lang!r}, found {found}."
             )
-    return {"src": src, "tgt": tgt}
+
+
+def _stream_to_arrow(
+    rows: Any, gen_kwargs: dict[str, Any], paths: list[Path]
+) -> datasets.Dataset | None:
+    """Write streamed rows to an Arrow file in the ``datasets`` cache, memory-mapped.
+
+    Only one writer batch is in memory at a time, so a 4.5M-pair corpus never sits in
+    Python lists. ``from_generator`` caches by the generator and its arguments; the
+    files' sizes and modification times are among them, so an edited file is re-read.
+    Returns ``None`` when the files hold no rows.
+    """
+    stamp = repr([(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in paths])
+    try:
+        return datasets.Dataset.from_generator(
+            rows,
+            gen_kwargs=gen_kwargs,
+            features=_TEXT_FEATURES,
+            config_name=hashlib.sha256(stamp.encode()).hexdigest()[:16],
+        )
+    except datasets.exceptions.DatasetGenerationError as err:
+        # Keep our own message (misaligned files, bad UTF-8) instead of the generic wrapper.
+        cause = err.__cause__
+        if isinstance(cause, (ValueError, FileNotFoundError)):
+            raise cause from None
+        raise
+    except ValueError as err:
+        if "corresponds to no data" in str(err):  # datasets' words for zero rows
+            return None
+        raise
 
 
 def load_files_corpus(
@@ -454,7 +502,10 @@ def load_files_corpus(
                 if _find(directory, f"{prefix}.{candidate}") is not None:
                     fmt = candidate
         if fmt == "parallel":
-            columns = _read_parallel(directory, prefix, src_lang, tgt_lang)
+            paths = _parallel_paths(directory, prefix, src_lang, tgt_lang)
+            split_data = _stream_to_arrow(
+                _rows_parallel, {"src_path": str(paths[0]), "tgt_path": str(paths[1])}, paths
+            )
             where = f"{directory / prefix}.{{{src_lang},{tgt_lang}}}"
         else:
             path = _find(directory, f"{prefix}.{fmt}")
@@ -463,12 +514,16 @@ def load_files_corpus(
                     f"Corpus file not found: {directory / f'{prefix}.{fmt}'}[.gz]; fix data.dir "
                     "or data.prefixes, or set data.file_format."
                 )
-            columns = _read_tsv(path) if fmt == "tsv" else _read_jsonl(path, src_lang, tgt_lang)
+            if fmt == "tsv":
+                split_data = _stream_to_arrow(_rows_tsv, {"path": str(path)}, [path])
+            else:
+                kwargs = {"path": str(path), "src_lang": src_lang, "tgt_lang": tgt_lang}
+                split_data = _stream_to_arrow(_rows_jsonl, kwargs, [path])
             where = str(path)
-        if not columns["src"]:
+        if split_data is None or len(split_data) == 0:
             raise ValueError(f"Split {split!r} is empty: {where} has no lines.")
-        log.info("Read %d %s pairs from %s", len(columns["src"]), split, where)
-        out[split] = datasets.Dataset.from_dict(columns)
+        log.info("Read %d %s pairs from %s", len(split_data), split, where)
+        out[split] = split_data
     return datasets.DatasetDict(out)
 
 
