@@ -1,7 +1,8 @@
 """Evaluate a checkpoint: `python evaluate.py ckpt_path=PATH [key=value ...]`.
 
-Thin entry point: Hydra composes configs/evaluate.yaml, transformer_mt.evaluate does the work.
-User errors print one line and exit 1 (HYDRA_FULL_ERROR=1 shows the traceback).
+Thin entry point: Hydra composes configs/evaluate.yaml, transformer_mt.evaluate does the work,
+transformer_mt.cli turns user mistakes into one `error: ...` line and exit status 2
+(TRANSFORMER_MT_DEBUG=1 or HYDRA_FULL_ERROR=1 shows the traceback; docs/errors.md).
 """
 
 from typing import Any
@@ -9,13 +10,21 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from transformer_mt.evaluate import main as evaluate_main
+from transformer_mt.cli import guarded, run_entry_point
+
+
+@guarded
+def evaluate(cfg: DictConfig) -> dict[str, Any] | None:
+    """Import Lightning only now, so --help and config typos answer at once."""
+    from transformer_mt.evaluate import run
+
+    return run(cfg)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="evaluate")
 def main(cfg: DictConfig) -> dict[str, Any] | None:
-    return evaluate_main(cfg)
+    return evaluate(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    run_entry_point(main)

@@ -50,7 +50,7 @@ def test_malicious_checkpoint_is_refused(ckpt: Path, tmp_path: Path, capsys) -> 
     torch.save(state, evil)
     with pytest.raises(UnsafeCheckpointError, match="refusing to load"):
         evaluate(tmp_path, f"ckpt_path={evil}")
-    assert translate_main(["--ckpt", str(evil)]) == 1
+    assert translate_main(["--ckpt", str(evil)]) == 2
     assert "refusing to load" in capsys.readouterr().err
     assert not marker.exists()
 

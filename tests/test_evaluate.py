@@ -98,7 +98,7 @@ def test_bleu_equals_trainer_test_bleu(tiny_run_dir: Path, tmp_path: Path) -> No
     """train.run tests the best checkpoint; evaluate.py on it, same decoding, same scores."""
     expected = trainer_test_metrics(tiny_run_dir)
     results = evaluate(tmp_path, f"ckpt_path={best_checkpoint(tiny_run_dir)}")
-    assert results["data"]["origin"] == "training run"  # found .hydra/config.yaml
+    assert results["data"]["origin"] == "checkpoint"  # the data config stored by train.py
     assert results["metrics"]["bleu"] == pytest.approx(expected["test/bleu"], abs=0.01)
     assert results["metrics"]["chrf"] == pytest.approx(expected["test/chrf"], abs=0.01)
     assert results["metrics"]["bleu_lc"] == pytest.approx(expected["test/bleu_lc"], abs=0.01)
@@ -152,6 +152,7 @@ def test_data_config_stored_in_checkpoint_is_used(tiny_run_dir: Path, tmp_path: 
 def test_data_from_overrides_and_files(tiny_run_dir: Path, tmp_path: Path) -> None:
     """Without a stored data config: `data=numbers ...` overrides, or plain files."""
     ckpt = load_checkpoint(best_checkpoint(tiny_run_dir))
+    ckpt["transformer_mt"]["data"] = None  # as written by a tool that stores no data config
     lone = save_checkpoint(ckpt, tmp_path / "alone" / "model.ckpt")
     with pytest.raises(DataMismatchError, match="stores no data config"):
         evaluate(tmp_path, f"ckpt_path={lone}")
@@ -216,7 +217,7 @@ def test_cli_error_is_one_line_without_traceback(tmp_path: Path) -> None:
         env=env,
         timeout=120,
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "not a PyTorch checkpoint" in errors[0], proc.stderr

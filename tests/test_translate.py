@@ -91,10 +91,10 @@ def test_beam_at_least_as_good_as_greedy_by_model_log_prob(ckpt: Path) -> None:
 
 
 def test_errors_are_one_line(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert main(["--ckpt", str(tmp_path / "missing.ckpt")]) == 1
+    assert main(["--ckpt", str(tmp_path / "missing.ckpt")]) == 2
     err = capsys.readouterr().err.strip()
     assert "does not exist" in err and len(err.splitlines()) == 1
-    assert main(["--ckpt", str(ckpt), "--beam-size", "0"]) == 1
+    assert main(["--ckpt", str(ckpt), "--beam-size", "0"]) == 2
     assert "beam_size must be >= 1" in capsys.readouterr().err
 
 

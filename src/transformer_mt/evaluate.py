@@ -16,8 +16,6 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import os
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -296,14 +294,7 @@ def _print_table(results: dict[str, Any]) -> None:
 
 
 def main(cfg: DictConfig) -> dict[str, Any] | None:
-    """``run`` for the command line: a user error is one line on stderr and exit status 1.
+    """``run`` for the command line: a user error is one ``error:`` line and exit status 2."""
+    from transformer_mt.cli import guarded
 
-    Set ``HYDRA_FULL_ERROR=1`` to see the traceback instead.
-    """
-    try:
-        return run(cfg)
-    except (ValueError, OSError) as err:  # CheckpointError, DataMismatchError, FileNotFound...
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        print(f"evaluate.py: error: {err}", file=sys.stderr)
-        sys.exit(1)
+    return guarded(run)(cfg)

@@ -34,7 +34,10 @@ class SearchConfig:
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
-            raise ValueError(f"beam_size must be >= 1, got {self.beam_size} (1 = greedy decoding)")
+            raise ValueError(
+                f"beam_size must be >= 1, got {self.beam_size}; set decoding.beam_size=1 (greedy) "
+                "or more"
+            )
         if self.max_len_a < 0 or self.max_len_a * 1 + self.max_len_b < 1:
             raise ValueError(
                 f"max_len_a={self.max_len_a}, max_len_b={self.max_len_b} allow no output token; "

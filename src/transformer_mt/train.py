@@ -12,8 +12,10 @@ import lightning.pytorch as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from transformer_mt.callbacks import AtomicCheckpointIO, is_interrupt
+from transformer_mt.cli import TrainingInterrupted, UserError
 from transformer_mt.model import ModelConfig
-from transformer_mt.module import TranslationModule
+from transformer_mt.module import NonFiniteLossError, TranslationModule
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,8 @@ def check_output_dir(run_dir: Path) -> None:
     except OSError as exc:
         raise OSError(
             f"cannot write to the run directory {run_dir}: {exc.strerror or exc}; free some disk "
-            "space or choose another directory with hydra.run.dir=PATH"
+            "space, fix its permissions, or choose another directory with hydra.run.dir=PATH "
+            "(or run_dir=PATH)"
         ) from exc
 
 
@@ -52,8 +55,20 @@ def _instantiate_all(section: Any) -> list[Any]:
     return [hydra.utils.instantiate(v) for v in section.values() if v is not None]
 
 
+def check_required(cfg: DictConfig) -> None:
+    """Fail with the key names when a required value (``???`` in the YAML) was not given."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        example = " ".join(f"{key}=..." for key in missing)
+        raise UserError(
+            f"missing required config value(s): {', '.join(missing)}; set them on the command "
+            f"line, e.g. python train.py ... {example}"
+        )
+
+
 def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
     """Build data module, Lightning module and Trainer from a composed config."""
+    check_required(cfg)
     run_dir = Path(cfg.run_dir)
     check_output_dir(run_dir)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -73,6 +88,8 @@ def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
         model_config=model_config.to_dict(),
         optimizer=hydra.utils.instantiate(cfg.optimizer),
         tokenizer=tokenizer,
+        # Stored in checkpoints: evaluate.py rebuilds the test split from it.
+        data_config={k: v for k, v in data_cfg.items() if k not in ("work_dir", "tokenizer")},
         src_lang=datamodule.src_lang,
         tgt_lang=datamodule.tgt_lang,
         **module_args,
@@ -88,8 +105,81 @@ def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
     )
     callbacks = _instantiate_all(cfg.get("callbacks"))
     loggers = _instantiate_all(cfg.get("logger"))
-    trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    # Checkpoints are written to a temp file next to the target and renamed: kill -9 at any
+    # moment leaves the previous last.ckpt intact (see transformer_mt.callbacks).
+    plugins = list(cfg.trainer.get("plugins") or [])
+    if not any(isinstance(p, AtomicCheckpointIO) for p in plugins):
+        plugins.append(AtomicCheckpointIO())
+    trainer = hydra.utils.instantiate(
+        cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=plugins
+    )
     return datamodule, module, trainer
+
+
+def last_checkpoint(trainer: pl.Trainer) -> str | None:
+    """The newest ``last.ckpt``-style file the trainer's checkpoint callbacks wrote, if any."""
+    paths = [
+        Path(cb.last_model_path)
+        for cb in trainer.checkpoint_callbacks
+        if getattr(cb, "last_model_path", None)
+    ]
+    existing = [p for p in paths if p.is_file()]
+    return str(max(existing, key=lambda p: p.stat().st_mtime)) if existing else None
+
+
+def resume_command(ckpt: str) -> str:
+    """The command line that resumes this run from ``ckpt`` (same overrides, new ckpt_path)."""
+    overrides: list[str] = []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("ckpt_path=")]
+    except ValueError:  # not launched through @hydra.main (tests, notebooks)
+        pass
+    return " ".join(["python train.py", *overrides, f"ckpt_path={ckpt}"])
+
+
+def fit(trainer: pl.Trainer, module: TranslationModule, datamodule: Any, ckpt: Any) -> None:
+    """``trainer.fit`` with the two ways it can stop early turned into clear errors.
+
+    Raises:
+        TrainingInterrupted: Ctrl-C or SIGTERM; Lightning has saved last.ckpt (see
+            SafeModelCheckpoint), the message says how to resume.
+        NonFiniteLossError: the loss diverged; the message gains the last good checkpoint.
+    """
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
+    except SystemExit:  # Lightning exits 1 after handling KeyboardInterrupt / SIGTERM
+        if not trainer.interrupted:
+            raise
+        raise _interrupted(trainer) from None
+    except NonFiniteLossError as exc:
+        saved = last_checkpoint(trainer)
+        where = (
+            f"last good checkpoint: {saved} (finite weights; resuming restores its learning "
+            "rate, so for a lower optimizer.lr start a fresh run)"
+            if saved
+            else "no checkpoint was written before it"
+        )
+        raise NonFiniteLossError(f"{exc}; {where}") from None
+    except Exception as exc:
+        if is_interrupt(exc):  # Ctrl-C inside torch.save surfaces as a RuntimeError
+            raise _interrupted(trainer) from None
+        raise
+
+
+def _interrupted(trainer: pl.Trainer) -> TrainingInterrupted:
+    """The error for a stopped run, naming the checkpoint to resume from."""
+    saved = last_checkpoint(trainer)
+    if saved is None:
+        return TrainingInterrupted(
+            f"training interrupted at step {trainer.global_step} before any checkpoint was "
+            "written; start it again"
+        )
+    return TrainingInterrupted(
+        f"training interrupted at step {trainer.global_step}; resumable checkpoint saved: "
+        f"{saved}; resume with: {resume_command(saved)}"
+    )
 
 
 def run(cfg: DictConfig) -> float | None:
@@ -103,7 +193,7 @@ def run(cfg: DictConfig) -> float | None:
         torch.set_num_threads(int(cfg.threads))
 
     datamodule, module, trainer = build(cfg)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    fit(trainer, module, datamodule, cfg.get("ckpt_path"))
     val_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
 
     checkpoint_cb = trainer.checkpoint_callback

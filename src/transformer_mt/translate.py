@@ -311,7 +311,11 @@ def _open_output(name: str) -> TextIO:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; returns the exit status (errors: one line on stderr, 1)."""
+    """Command-line entry point; returns the exit status.
+
+    A user error (missing or unsafe checkpoint, bad option) is one ``error:`` line on stderr
+    and status 2, as for train.py and evaluate.py (transformer_mt.cli); Ctrl-C gives 130.
+    """
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.ERROR if args.quiet else logging.WARNING,
@@ -332,8 +336,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--buffer-size must be >= 1, got {args.buffer_size}")
         source, sink = _open_input(args.input), _open_output(args.output)
     except (CheckpointError, ValueError, OSError) as err:
-        print(f"transformer-mt-translate: error: {err}", file=sys.stderr)
-        return 1
+        from transformer_mt.cli import one_line
+
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        return 2
     start, count = time.perf_counter(), 0
     try:
         for chunk in _chunks(source, args.buffer_size):

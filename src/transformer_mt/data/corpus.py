@@ -521,7 +521,10 @@ def load_files_corpus(
                 split_data = _stream_to_arrow(_rows_jsonl, kwargs, [path])
             where = str(path)
         if split_data is None or len(split_data) == 0:
-            raise ValueError(f"Split {split!r} is empty: {where} has no lines.")
+            raise ValueError(
+                f"Split {split!r} is empty: {where} has no lines; fill it, or point "
+                f"data.prefixes.{split} at a non-empty file."
+            )
         log.info("Read %d %s pairs from %s", len(split_data), split, where)
         out[split] = split_data
     return datasets.DatasetDict(out)
