@@ -402,9 +402,9 @@ def _train_step(
     return step
 
 
-def run_train(args: argparse.Namespace) -> dict[str, Any]:
-    """Tokens/s of a full training step, ours vs nn.Transformer, plus MFU."""
-    config = ModelConfig(
+def _model_config(args: argparse.Namespace, **extra: Any) -> ModelConfig:
+    """The benchmarked model: sizes from the command line, shared vocabulary, tied weights."""
+    return ModelConfig(
         src_vocab_size=args.vocab,
         tgt_vocab_size=args.vocab,
         pad_id=PAD,
@@ -413,6 +413,14 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
         d_ff=args.d_ff,
         n_encoder_layers=args.layers,
         n_decoder_layers=args.layers,
+        **extra,
+    )
+
+
+def run_train(args: argparse.Namespace) -> dict[str, Any]:
+    """Tokens/s of a full training step, ours vs nn.Transformer, plus MFU."""
+    config = _model_config(
+        args,
         dropout=args.dropout,
         # nn.Transformer applies its one `dropout` to the attention weights too: match it.
         attention_dropout=args.dropout
@@ -557,15 +565,8 @@ def _marian(config: ModelConfig) -> nn.Module | None:
 
 def run_decode(args: argparse.Namespace) -> dict[str, Any]:
     """Sentences/s of greedy and beam search, cached and uncached, vs Marian ``generate``."""
-    config = ModelConfig(
-        src_vocab_size=args.vocab,
-        tgt_vocab_size=args.vocab,
-        pad_id=PAD,
-        d_model=args.d_model,
-        n_heads=args.n_heads,
-        d_ff=args.d_ff,
-        n_encoder_layers=args.layers,
-        n_decoder_layers=args.layers,
+    config = _model_config(
+        args,
         max_len=max(256, args.new_tokens + 2, args.src_len),
     )
     model = Transformer(config).eval()
