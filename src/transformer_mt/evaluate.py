@@ -222,11 +222,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
-    hypotheses = (
-        [" ".join(h.splitlines()) for h in loaded.tokenizer.decode_tgt_batch(hyp_ids)]
-        if hyp_ids
-        else []
-    )
+    hypotheses = loaded.tokenizer.decode_hypotheses(hyp_ids)
 
     results: dict[str, Any] = {
         "checkpoint": {

@@ -122,6 +122,7 @@ class TranslationModule(pl.LightningModule):
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.data_config = dict(data_config) if data_config else None
         self._step_start = 0.0
+        self._train_tokens = 0  # non-pad target tokens of the current batch
         self._eval_outputs: list[tuple[int, str, str, str]] = []
         self._eval_loss = [0.0, 0]  # nll sum, tokens
         self._eval_smoothed = [0.0, 0]  # smoothed loss sum (token-weighted), tokens
@@ -141,6 +142,7 @@ class TranslationModule(pl.LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._step_start = time.perf_counter()
+        self._train_tokens = 0
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor | None:
         loss, nll_sum, n_tokens = self._loss(batch)
@@ -168,7 +170,7 @@ class TranslationModule(pl.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         elapsed = time.perf_counter() - self._step_start
-        if elapsed > 0 and hasattr(self, "_train_tokens"):
+        if elapsed > 0 and self._train_tokens:
             self.log("train/tokens_per_sec", self._train_tokens / elapsed, prog_bar=True)
         if self.trainer.optimizers:
             self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
@@ -208,9 +210,7 @@ class TranslationModule(pl.LightningModule):
         hyp_ids = generate(
             self.model, batch["src"], self.tokenizer.bos_id, self.tokenizer.eos_id, self.search
         )
-        # Byte-level BPE marks a leading space on most tokens; a hypothesis starting with such
-        # a token would decode with a leading blank.
-        hyps = [h.strip() for h in self.tokenizer.decode_tgt_batch(hyp_ids.tolist())]
+        hyps = self.tokenizer.decode_hypotheses(hyp_ids.tolist())
         for i, src, ref, hyp in zip(
             batch["index"].tolist(), batch["src_text"], batch["tgt_text"], hyps
         ):
@@ -243,7 +243,6 @@ class TranslationModule(pl.LightningModule):
             metrics[f"{stage}/bleu"] = scores.bleu
             metrics[f"{stage}/bleu_lc"] = scores.bleu_lc
             metrics[f"{stage}/chrf"] = scores.chrf
-            self.last_eval = {"stage": stage, "scores": scores, "outputs": ordered}
             if self.trainer.is_global_zero and not self.trainer.sanity_checking:
                 for src, ref, hyp in ordered[: self.hparams.num_examples]:
                     log.info("[%s] src: %s\n        ref: %s\n        hyp: %s", stage, src, ref, hyp)

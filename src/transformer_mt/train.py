@@ -20,13 +20,11 @@ from transformer_mt.module import NonFiniteLossError, TranslationModule
 log = logging.getLogger(__name__)
 
 
-def model_config_from(cfg_model: Any, src_vocab: int, tgt_vocab: int, pad_id: int) -> ModelConfig:
+def model_config_from(
+    cfg_model: DictConfig, src_vocab: int, tgt_vocab: int, pad_id: int
+) -> ModelConfig:
     """ModelConfig from the Hydra model group plus the sizes the tokenizer decided."""
-    values = (
-        OmegaConf.to_container(cfg_model, resolve=True)
-        if not isinstance(cfg_model, dict)
-        else dict(cfg_model)
-    )
+    values = OmegaConf.to_container(cfg_model, resolve=True)
     assert isinstance(values, dict)
     values.pop("name", None)
     values.update(src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, pad_id=pad_id)

@@ -29,10 +29,8 @@ from transformer_mt.search import SearchConfig, beam_search, generate
 
 log = logging.getLogger(__name__)
 
+
 #: Characters ``str.splitlines`` breaks on; a hypothesis must not contain any (one line out).
-_LINE_BREAKS = str.maketrans(dict.fromkeys("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029", " "))
-
-
 def resolve_device(device: str | None) -> str:
     """``"auto"``/``None`` -> ``"cuda"`` if available, else ``"mps"`` if available, else CPU."""
     if device in (None, "", "auto"):
@@ -166,9 +164,7 @@ class Translator:
 
     def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
         """One translation per line, in order; never a line break inside a translation."""
-        hyp_ids = self.translate_ids(self.encode(lines), progress)
-        texts = self.tokenizer.decode_tgt_batch(hyp_ids) if hyp_ids else []
-        return [t.translate(_LINE_BREAKS).strip() for t in texts]
+        return self.tokenizer.decode_hypotheses(self.translate_ids(self.encode(lines), progress))
 
     @torch.no_grad()
     def log_probs(

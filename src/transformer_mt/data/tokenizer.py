@@ -82,6 +82,9 @@ def train_bpe(
     return tokenizer
 
 
+_LINE_BREAKS = str.maketrans(dict.fromkeys("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029", " "))
+
+
 class Tokenizer:
     """Source and target BPE tokenizers behind one interface.
 
@@ -214,6 +217,16 @@ class Tokenizer:
 
     def decode_tgt_batch(self, ids: Sequence[Sequence[int]]) -> list[str]:
         return self.decode_batch(ids, "tgt")
+
+    def decode_hypotheses(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        """Generated target ids -> one line of text each (line breaks folded, ends stripped).
+
+        Byte-level BPE marks a leading space on most tokens, so a hypothesis that starts with
+        such a token decodes with a leading blank; and a model can generate a line break,
+        which would shift every later line of an output file.
+        """
+        texts = self.decode_tgt_batch(ids) if ids else []
+        return [t.translate(_LINE_BREAKS).strip() for t in texts]
 
     # ------------------------------------------------------------ serialisation
 
