@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import math
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.module import (
     TranslationModule,
     inverse_sqrt_schedule,
+    lr_factor,
     label_smoothed_loss,
     paper_peak_lr,
 )
@@ -88,6 +90,43 @@ def test_scheduler_steps_every_optimizer_step() -> None:
     assert lrs[0] == pytest.approx(2e-3 * 1 / 10)  # first step of the warmup
     assert lrs[9] == pytest.approx(2e-3)  # the peak at step == warmup
     assert lrs[19] == pytest.approx(2e-3 * math.sqrt(10 / 20))
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_decaying_schedules_warm_up_then_reach_zero_at_the_last_step(schedule: str) -> None:
+    warmup, total = 10, 110
+    factors = [lr_factor(step, warmup, schedule, total) for step in range(1, total + 1)]
+    assert factors[:warmup] == pytest.approx([s / warmup for s in range(1, warmup + 1)])
+    assert factors[-1] == pytest.approx(0.0, abs=1e-12)
+    middle = warmup + (total - warmup) // 2  # halfway through the decay: 0.5 for both
+    assert factors[middle - 1] == pytest.approx(0.5)
+    assert all(a >= b for a, b in zip(factors[warmup:], factors[warmup + 1 :], strict=False))
+    assert lr_factor(total + 50, warmup, schedule, total) == 0.0  # clamped past the end
+
+
+def test_decaying_schedule_without_a_horizon_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="max_epochs or trainer.max_steps"):
+        lr_factor(1, 400, "linear", None)
+    with pytest.raises(ValueError, match="choose one of"):
+        lr_factor(1, 400, "step", 1000)
+
+
+def test_linear_schedule_spans_the_trainer_run(tmp_path: Path) -> None:
+    _, run_dir = _fit(
+        tmp_path,
+        "module.lr_schedule=linear",
+        "module.warmup_steps=2",
+        "optimizer.lr=1e-3",
+        "trainer.max_epochs=2",
+        "trainer.log_every_n_steps=1",
+    )
+    rows = list(csv.DictReader((run_dir / "csv" / "metrics.csv").open()))
+    lrs = [float(r["train/lr"]) for r in rows if r.get("train/lr")]
+    assert len(lrs) >= 6
+    assert max(lrs) == pytest.approx(1e-3)  # the peak, reached after the 2 warmup steps
+    # The horizon is the trainer's whole run (2 epochs), so the last steps are near zero.
+    assert lrs[-1] < 0.2e-3
+    assert lrs[len(lrs) // 2] > 0.3e-3
 
 
 def test_label_smoothing_zero_is_plain_cross_entropy() -> None:

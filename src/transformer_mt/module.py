@@ -47,6 +47,37 @@ def inverse_sqrt_schedule(step: int, warmup_steps: int) -> float:
     return min(step / warmup_steps, math.sqrt(warmup_steps / step))
 
 
+SCHEDULES = ("inverse_sqrt", "linear", "cosine")
+
+
+def lr_factor(step: int, warmup_steps: int, schedule: str, total_steps: int | None) -> float:
+    """Learning-rate factor (peak 1.0) at optimizer step ``step`` (counted from 1).
+
+    ``inverse_sqrt`` is the paper's schedule (:func:`inverse_sqrt_schedule`) and needs no
+    horizon. ``linear`` and ``cosine`` share its linear warmup, then decay to 0 at
+    ``total_steps``: for a fixed budget, decaying to zero by the end trains better than a
+    schedule that is still at a third of its peak when the budget runs out (Li et al., 2020,
+    "Budgeted Training: Rethinking Deep Neural Network Training Under Resource Constraints").
+    """
+    if schedule == "inverse_sqrt":
+        return inverse_sqrt_schedule(step, warmup_steps)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown lr schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if total_steps is None or total_steps <= warmup_steps:
+        raise ValueError(
+            f"the {schedule} schedule decays over the whole run, so it needs a number of steps "
+            f"larger than warmup_steps ({warmup_steps}), got {total_steps}; set "
+            "trainer.max_epochs or trainer.max_steps"
+        )
+    step = max(step, 1)
+    if step <= warmup_steps:
+        return step / max(warmup_steps, 1)
+    progress = min((step - warmup_steps) / (total_steps - warmup_steps), 1.0)
+    if schedule == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def paper_peak_lr(d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
     """Peak of the paper's schedule: ``scale * d_model^-0.5 * warmup^-0.5`` (7.0e-4 for base)."""
     return scale * d_model**-0.5 * warmup_steps**-0.5
@@ -81,7 +112,10 @@ class TranslationModule(pl.LightningModule):
             in from the tokenizer by :func:`transformer_mt.train.run`).
         optimizer: a partial optimizer constructor (Hydra ``_partial_: true``) taking the
             parameters; its ``lr`` is the peak learning rate.
-        warmup_steps: linear warmup length of :func:`inverse_sqrt_schedule`.
+        warmup_steps: linear warmup length (optimizer steps).
+        lr_schedule: what follows the warmup (:func:`lr_factor`): ``inverse_sqrt`` (the
+            paper), or ``linear``/``cosine`` decay to zero at the trainer's last step
+            (``max_epochs`` or ``max_steps``; made for fixed budgets).
         label_smoothing: epsilon of label smoothing (the paper's 0.1).
         decoding: :class:`SearchConfig` fields for validation/test BLEU.
         num_examples: example translations logged at each validation.
@@ -99,6 +133,7 @@ class TranslationModule(pl.LightningModule):
         optimizer: Callable[[Iterable[Tensor]], torch.optim.Optimizer] | None = None,
         warmup_steps: int = 4000,
         label_smoothing: float = 0.1,
+        lr_schedule: str = "inverse_sqrt",
         decoding: dict[str, Any] | None = None,
         num_examples: int = 3,
         nonfinite_loss: str = "stop",
@@ -110,6 +145,10 @@ class TranslationModule(pl.LightningModule):
         super().__init__()
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        if lr_schedule not in SCHEDULES:
+            raise ValueError(
+                f"module.lr_schedule must be one of {', '.join(SCHEDULES)}, got {lr_schedule!r}"
+            )
         if nonfinite_loss not in ("stop", "skip"):
             raise ValueError(f"nonfinite_loss must be 'stop' or 'skip', got {nonfinite_loss!r}")
         # Plain types only: the checkpoint must load with torch.load(weights_only=True).
@@ -183,9 +222,15 @@ class TranslationModule(pl.LightningModule):
         else:
             optimizer = self.optimizer_factory(self.parameters())
         warmup = int(self.hparams.warmup_steps)
+        schedule = str(self.hparams.get("lr_schedule", "inverse_sqrt"))
+        total: int | None = None
+        if schedule != "inverse_sqrt":
+            estimated = self.trainer.estimated_stepping_batches
+            total = int(estimated) if math.isfinite(estimated) else None
+        lr_factor(1, warmup, schedule, total)  # a bad horizon fails here, before training
         # LambdaLR counts from 0 before the first step; the paper's step counter starts at 1.
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: inverse_sqrt_schedule(step + 1, warmup)
+            optimizer, lambda step: lr_factor(step + 1, warmup, schedule, total)
         )
         return {
             "optimizer": optimizer,
