@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce the README's results table and benchmark tables on this machine (CPU, 2 cores).
-#   bash scripts/reproduce.sh            # everything: ~2 h (two 45-minute trainings)
+#   bash scripts/reproduce.sh            # everything: ~2 h 15 min (two 60-minute trainings)
 #   bash scripts/reproduce.sh de_en      # one direction
 # Needs the Multi30k files at ../shared/data/multi30k (or set DATA_DIR).
 set -euo pipefail

@@ -173,6 +173,23 @@ def test_self_attention_cache_equals_full_causal(fused: bool) -> None:
     assert cache.k is not None and cache.k.shape == (2, 4, 5, 4)
 
 
+def test_kv_cache_append_grows_and_reorders() -> None:
+    cache = KVCache()
+    steps_k = [torch.randn(3, 2, 1, 4) for _ in range(40)]  # past the initial capacity of 16
+    steps_v = [torch.randn(3, 2, 1, 5) for _ in range(40)]
+    for t, (k, v) in enumerate(zip(steps_k, steps_v, strict=True), start=1):
+        all_k, all_v = cache.append(k, v)
+        assert all_k.shape == (3, 2, t, 4) and all_v.shape == (3, 2, t, 5)
+    torch.testing.assert_close(cache.k, torch.cat(steps_k, dim=2), rtol=0, atol=0)
+    torch.testing.assert_close(cache.v, torch.cat(steps_v, dim=2), rtol=0, atol=0)
+    index = torch.tensor([2, 0])  # beam reordering and a finished row leaving the batch
+    cache.reorder(index)
+    torch.testing.assert_close(cache.k, torch.cat(steps_k, dim=2)[index], rtol=0, atol=0)
+    k, v = cache.append(torch.ones(2, 2, 1, 4), torch.ones(2, 2, 1, 5))
+    assert k.shape == (2, 2, 41, 4) and bool((k[:, :, -1] == 1).all())
+    torch.testing.assert_close(v[:, :, :40], torch.cat(steps_v, dim=2)[index], rtol=0, atol=0)
+
+
 def test_cross_attention_cache_computes_source_once() -> None:
     mha = MultiHeadAttention(16, 4).eval()
     memory = torch.randn(2, 7, 16)
@@ -181,5 +198,7 @@ def test_cross_attention_cache_computes_source_once() -> None:
     k_first = cache.k
     # Later steps must not read `memory` again: pass garbage and expect the cached K/V.
     y2 = mha(torch.randn(2, 1, 16), torch.zeros(2, 7, 16), None, cache=cache, static_kv=True)
-    assert cache.k is k_first
+    assert cache.k is not None and k_first is not None
+    assert cache.k.data_ptr() == k_first.data_ptr()  # the same storage: not recomputed
+    torch.testing.assert_close(cache.k, k_first, rtol=0, atol=0)
     assert y1.shape == y2.shape == (2, 1, 16)

@@ -15,8 +15,8 @@ from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.module import (
     TranslationModule,
     inverse_sqrt_schedule,
-    lr_factor,
     label_smoothed_loss,
+    lr_factor,
     paper_peak_lr,
 )
 from transformer_mt.train import model_config_from, run
@@ -105,7 +105,7 @@ def test_decaying_schedules_warm_up_then_reach_zero_at_the_last_step(schedule: s
 
 
 def test_decaying_schedule_without_a_horizon_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="max_epochs or trainer.max_steps"):
+    with pytest.raises(ValueError, match=r"max_epochs or trainer\.max_steps"):
         lr_factor(1, 400, "linear", None)
     with pytest.raises(ValueError, match="choose one of"):
         lr_factor(1, 400, "step", 1000)
@@ -140,6 +140,23 @@ def test_label_smoothing_zero_is_plain_cross_entropy() -> None:
     torch.testing.assert_close(nll_sum / n, plain)
     smoothed, _, _ = label_smoothed_loss(logits, target, pad_id=0, label_smoothing=0.1)
     assert not torch.allclose(smoothed, plain)
+
+
+def test_label_smoothed_loss_and_gradient_match_torch_cross_entropy() -> None:
+    logits = torch.randn(4, 6, 13, requires_grad=True)
+    target = torch.randint(1, 13, (4, 6))
+    target[1, 2:] = 0
+    target[3, 5] = 0
+    loss, nll_sum, n = label_smoothed_loss(logits, target, pad_id=0, label_smoothing=0.1)
+    (grad,) = torch.autograd.grad(loss, logits)
+    flat = logits.reshape(-1, 13)
+    reference = F.cross_entropy(flat, target.reshape(-1), ignore_index=0, label_smoothing=0.1)
+    (reference_grad,) = torch.autograd.grad(reference, logits)
+    torch.testing.assert_close(loss, reference)
+    torch.testing.assert_close(grad, reference_grad)
+    nll = F.cross_entropy(flat, target.reshape(-1), ignore_index=0, reduction="sum")
+    torch.testing.assert_close(nll_sum, nll.detach())
+    assert int(n) == 24 - 4 - 1
 
 
 def _fit(tmp_path: Path, *overrides: str) -> tuple[float | None, Path]:

@@ -22,7 +22,6 @@ memory (flash / memory-efficient kernels). Tests hold the two equal.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -92,22 +91,59 @@ def scaled_dot_product_attention(
     return attn @ v, weights  # (B, H, T_q, d_v), (B, H, T_q, T_k)
 
 
-@dataclass
 class KVCache:
     """Keys and values of one attention layer kept between decoding steps.
 
     ``k``: ``(B, H, T_seen, d_k)``, ``v``: ``(B, H, T_seen, d_v)``. Self-attention appends one
-    step at a time; cross-attention fills it once from the encoder output and reuses it.
+    step at a time (:meth:`append`); cross-attention fills it once from the encoder output
+    (:meth:`set`) and reuses it.
+
+    Appending writes into a preallocated buffer whose length doubles when full, so a step costs
+    one small copy instead of re-concatenating the whole history (``torch.cat`` per step is
+    quadratic in the output length). ``k``/``v`` are views of the filled part.
     """
 
-    k: Tensor | None = None
-    v: Tensor | None = None
+    def __init__(self) -> None:
+        self._k: Tensor | None = None  # (B, H, capacity, d_k)
+        self._v: Tensor | None = None  # (B, H, capacity, d_v)
+        self.length = 0
+
+    @property
+    def k(self) -> Tensor | None:
+        return None if self._k is None else self._k[:, :, : self.length]
+
+    @property
+    def v(self) -> Tensor | None:
+        return None if self._v is None else self._v[:, :, : self.length]
+
+    def set(self, k: Tensor, v: Tensor) -> None:
+        """Store ``k``/``v`` as the whole cache (cross-attention)."""
+        self._k, self._v, self.length = k, v, k.size(2)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add ``T`` new positions ``(B, H, T, d)``; return all keys and values so far."""
+        old_k, old_v = self._k, self._v
+        new_length = self.length + k.size(2)
+        if old_k is None or old_v is None or new_length > old_k.size(2):
+            capacity = max(16, new_length, 2 * (old_k.size(2) if old_k is not None else 0))
+            B, H = k.shape[:2]
+            self._k = k.new_empty(B, H, capacity, k.size(3))
+            self._v = v.new_empty(B, H, capacity, v.size(3))
+            if old_k is not None and old_v is not None and self.length:
+                self._k[:, :, : self.length] = old_k[:, :, : self.length]
+                self._v[:, :, : self.length] = old_v[:, :, : self.length]
+        assert self._k is not None and self._v is not None
+        self._k[:, :, self.length : new_length] = k
+        self._v[:, :, self.length : new_length] = v
+        self.length = new_length
+        return self._k[:, :, :new_length], self._v[:, :, :new_length]
 
     def reorder(self, index: Tensor) -> None:
         """Select batch rows (beam search keeps the surviving hypotheses)."""
-        if self.k is not None and self.v is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+        if self._k is not None and self._v is not None:
+            # The whole buffer (at most twice the filled part) in one copy, no temporary.
+            self._k = self._k.index_select(0, index)
+            self._v = self._v.index_select(0, index)
 
 
 class MultiHeadAttention(nn.Module):
@@ -167,6 +203,28 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = x.shape
         return x.view(B, L, self.n_heads, d_head).transpose(1, 2)  # (B, H, L, d_head)
 
+    def _project(self, x: Tensor, *projections: nn.Linear) -> tuple[Tensor, ...]:
+        """Apply several projections of the same input as one matmul; split into heads.
+
+        ``x (B, L, d_model)`` -> one ``(B, H, L, d_head)`` tensor per projection, where
+        ``d_head`` is ``d_k`` for ``q_proj``/``k_proj`` and ``d_v`` for ``v_proj``.
+        """
+        if len(projections) == 1:
+            (proj,) = projections
+            y = proj(x)
+            sizes = [proj.out_features]
+        else:
+            weight = torch.cat([p.weight for p in projections])  # (sum of outputs, d_model)
+            bias = None
+            if all(p.bias is not None for p in projections):
+                bias = torch.cat([p.bias for p in projections])  # type: ignore[misc]
+            y = F.linear(x, weight, bias)  # (B, L, sum of outputs)
+            sizes = [p.out_features for p in projections]
+        parts = y.split(sizes, dim=-1) if len(sizes) > 1 else (y,)
+        return tuple(
+            self._split_heads(part, size // self.n_heads) for part, size in zip(parts, sizes)
+        )
+
     def forward(
         self,
         query: Tensor,
@@ -193,18 +251,29 @@ class MultiHeadAttention(nn.Module):
         Returns:
             ``(B, T, d_model)``, or ``(output, weights)`` when ``need_weights``.
         """
-        q = self._split_heads(self.q_proj(query), self.d_k)  # (B, H, T, d_k)
-        if cache is not None and static_kv and cache.k is not None:
-            k, v = cache.k, cache.v  # cross-attention: source K/V computed at the first step
+        reuse_kv = cache is not None and static_kv and cache.k is not None
+        if query is key and key is value and not reuse_kv:
+            # Self-attention: Q, K and V in one matmul over the concatenated weights (one
+            # large GEMM is faster than three small ones; the parameters stay separate, so
+            # checkpoints and the paper's W^Q, W^K, W^V are unchanged).
+            q, k, v = self._project(query, self.q_proj, self.k_proj, self.v_proj)
+        elif key is value and not reuse_kv:
+            # Cross-attention: K and V of the same memory in one matmul.
+            (q,) = self._project(query, self.q_proj)
+            k, v = self._project(key, self.k_proj, self.v_proj)
         else:
-            k = self._split_heads(self.k_proj(key), self.d_k)  # (B, H, S, d_k)
-            v = self._split_heads(self.v_proj(value), self.d_v)  # (B, H, S, d_v)
-            if cache is not None:
-                if not static_kv and cache.k is not None:
-                    k = torch.cat([cache.k, k], dim=2)  # (B, H, T_seen + T, d_k)
-                    v = torch.cat([cache.v, v], dim=2)  # (B, H, T_seen + T, d_v)
-                cache.k, cache.v = k, v
-        assert v is not None
+            (q,) = self._project(query, self.q_proj)
+            if reuse_kv:
+                assert cache is not None
+                k, v = cache.k, cache.v  # cross-attention: source K/V from the first step
+            else:
+                (k,) = self._project(key, self.k_proj)
+                (v,) = self._project(value, self.v_proj)
+        if cache is not None and not reuse_kv:
+            if static_kv:
+                cache.set(k, v)
+            else:
+                k, v = cache.append(k, v)  # (B, H, T_seen + T, d_k), (B, H, T_seen + T, d_v)
 
         if mask is not None:
             mask = _as_4d(mask)
@@ -230,8 +299,13 @@ class MultiHeadAttention(nn.Module):
                 weights = None
                 if mask is not None:
                     # SDPA may return NaN for a query whose keys are all masked; the explicit
-                    # path returns zeros. Keep the explicit path's contract.
-                    out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+                    # path returns zeros. Keep the explicit path's contract, paying for the
+                    # extra pass over the output only when such a row exists (rarely).
+                    attends = mask.any(dim=-1, keepdim=True)  # (B or 1, H or 1, T, 1)
+                    # (Under torch.compile always mask: the check would break the graph and
+                    # the compiler fuses the masked_fill into neighbouring kernels anyway.)
+                    if torch.compiler.is_compiling() or not bool(attends.all()):
+                        out = out.masked_fill(~attends, 0.0)
         B, _, T, _ = out.shape
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.d_v)  # (B, T, H * d_v)
         out = self.out_proj(out)  # (B, T, d_model)
