@@ -9,7 +9,9 @@ Subcommands (``--help`` on each lists its options):
   utilisation (MFU) against a measured matmul peak.
 * ``decode``: sentences/s of greedy and beam search, with and without the KV cache, vs
   ``transformers.MarianMTModel.generate`` with a random model of the same dimensions.
-* ``all``: the three in a row.
+* ``dropout``: forward+backward of ``torch.nn.functional.dropout`` vs ours
+  (``transformer_mt.dropout``), alone and fused into the residual addition.
+* ``all``: the four in a row.
 
 Each writes ``bench_results/<name>.json`` (or ``--out``) with the settings, raw timings,
 medians, goals (met or missed) and the environment, and prints a table (``--format
@@ -760,6 +762,83 @@ def decode_tables(result: dict[str, Any]) -> list[Table]:
 
 
 # --------------------------------------------------------------------------------------------
+# dropout
+# --------------------------------------------------------------------------------------------
+
+
+def _dropout_contenders(tokens: int, width: int, p: float) -> dict[str, Callable[[], None]]:
+    """Forward+backward callables: torch's dropout vs ours, alone and in a residual."""
+    from transformer_mt.dropout import Dropout
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, width, generator=gen, requires_grad=True)
+    residual = torch.randn(tokens, width, generator=gen, requires_grad=True)
+    ours = Dropout(p).train()
+
+    def fwd_bwd(fn: Callable[[], Tensor]) -> Callable[[], None]:
+        def step() -> None:
+            fn().sum().backward()
+            x.grad = residual.grad = None
+
+        return step
+
+    return {
+        "F.dropout": fwd_bwd(lambda: F.dropout(x, p, True)),
+        "ours": fwd_bwd(lambda: ours(x)),
+        "x + F.dropout": fwd_bwd(lambda: residual + F.dropout(x, p, True)),
+        "ours.add": fwd_bwd(lambda: ours.add(residual, x)),
+    }
+
+
+def run_dropout(args: argparse.Namespace) -> dict[str, Any]:
+    """Forward+backward time of torch's dropout vs ours, alone and fused into the residual."""
+    rows: dict[str, Any] = {}
+    for tokens, width in args.shapes:
+        contenders = _dropout_contenders(tokens, width, args.p)
+        times = interleaved_times(contenders, repeats=args.repeats, warmup=2)
+        med = {name: median(t) for name, t in times.items()}
+        rows[f"{tokens}x{width}"] = {
+            "median_s": med,
+            "times_s": times,
+            "speedup_dropout": med["F.dropout"] / med["ours"],
+            "speedup_residual": med["x + F.dropout"] / med["ours.add"],
+        }
+    return {
+        "benchmark": "dropout",
+        "settings": {"p": args.p, "shapes": args.shapes, "repeats": args.repeats},
+        "rows": rows,
+        "goals": [],
+        "environment": environment(),
+    }
+
+
+def dropout_tables(result: dict[str, Any]) -> list[Table]:
+    header = [
+        "tokens x width",
+        "F.dropout ms",
+        "ours ms",
+        "speed-up",
+        "x + F.dropout ms",
+        "ours.add ms",
+        "speed-up",
+    ]
+    rows = [
+        [
+            shape,
+            f"{1e3 * r['median_s']['F.dropout']:.2f}",
+            f"{1e3 * r['median_s']['ours']:.2f}",
+            f"{r['speedup_dropout']:.2f}x",
+            f"{1e3 * r['median_s']['x + F.dropout']:.2f}",
+            f"{1e3 * r['median_s']['ours.add']:.2f}",
+            f"{r['speedup_residual']:.2f}x",
+        ]
+        for shape, r in result["rows"].items()
+    ]
+    title = f"Dropout p={result['settings']['p']}, forward + backward, median"
+    return [(title, header, rows)]
+
+
+# --------------------------------------------------------------------------------------------
 # command line
 # --------------------------------------------------------------------------------------------
 
@@ -767,6 +846,7 @@ _RUNNERS = {
     "attention": (run_attention, attention_tables),
     "train": (run_train, train_tables),
     "decode": (run_decode, decode_tables),
+    "dropout": (run_dropout, dropout_tables),
 }
 
 #: Settings that ``--quick`` overrides: a smoke run in seconds, numbers not meaningful.
@@ -784,6 +864,7 @@ _QUICK = {
         "batch": 2, "src_len": 6, "new_tokens": 4, "beams": [1, 2], "repeats": 1,
         "uncached_repeats": 1, "uncached_batch": 2,
     },
+    "dropout": {"shapes": [[16, 8]], "repeats": 2},
 }  # fmt: skip
 
 
@@ -871,6 +952,20 @@ def _add_decode(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_dropout(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--p", type=float, default=0.2, help="dropout probability")
+    p.add_argument(
+        "--shapes",
+        type=int,
+        nargs=2,
+        action="append",
+        default=None,
+        metavar=("TOKENS", "WIDTH"),
+        help="activation shapes (repeatable; default 2048x256, 2048x512, 4096x1024)",
+    )
+    p.add_argument("--repeats", type=int, default=15)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
@@ -880,12 +975,13 @@ def build_parser() -> argparse.ArgumentParser:
         "attention": (_add_attention, "attention fwd+bwd time and memory vs length"),
         "train": (_add_train, "training-step tokens/s and MFU vs nn.Transformer"),
         "decode": (_add_decode, "greedy/beam sentences/s vs no cache and HF Marian"),
+        "dropout": (_add_dropout, "dropout and dropout+residual: ours vs torch"),
     }
     for name, (add, help_text) in specs.items():
         p = sub.add_parser(name, help=help_text)
         add(p)
         _add_common(p)
-    p_all = sub.add_parser("all", help="attention, train and decode with their defaults")
+    p_all = sub.add_parser("all", help="attention, train, decode and dropout with their defaults")
     _add_common(p_all)
     return parser
 
@@ -893,7 +989,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _namespace_for(name: str, args: argparse.Namespace) -> argparse.Namespace:
     """Defaults of subcommand ``name`` overlaid with the common options of ``args``."""
     parser = argparse.ArgumentParser()
-    {"attention": _add_attention, "train": _add_train, "decode": _add_decode}[name](parser)
+    adders = {
+        "attention": _add_attention,
+        "train": _add_train,
+        "decode": _add_decode,
+        "dropout": _add_dropout,
+    }
+    adders[name](parser)
     ns = parser.parse_args([])
     for key in ("quick", "threads", "out", "out_dir", "format", "profile", "plot"):
         setattr(ns, key, getattr(args, key))
@@ -906,6 +1008,8 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
         for key, value in _QUICK[name].items():
             setattr(args, key, value)
     args.out_path = args.out if args.out is not None else args.out_dir / f"{name}.json"
+    if name == "dropout" and not args.shapes:
+        args.shapes = [[2048, 256], [2048, 512], [4096, 1024]]
     setup_torch(args.threads)
     runner, tables = _RUNNERS[name]
     result = runner(args)

@@ -26,7 +26,7 @@ def test_all_subcommands_quick(benchmark, tmp_path: Path) -> None:
     results = benchmark.main(
         ["all", "--quick", "--threads", "1", "--out", str(tmp_path), "--plot", "--profile"]
     )
-    assert set(results) == {"attention", "train", "decode"}
+    assert set(results) == {"attention", "train", "decode", "dropout"}
     on_disk = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in results}
 
     attention = on_disk["attention"]
@@ -61,6 +61,15 @@ def test_all_subcommands_quick(benchmark, tmp_path: Path) -> None:
     if decode["hf_available"]:
         assert any(name.startswith("hf_marian") for name in decode["rows"])
 
-    for result in on_disk.values():
+    dropout = on_disk["dropout"]
+    assert list(dropout["rows"]) == ["16x8"]
+    for row in dropout["rows"].values():
+        for name in ("F.dropout", "ours", "x + F.dropout", "ours.add"):
+            assert _positive(row["median_s"][name]), name
+        assert _positive(row["speedup_dropout"]) and _positive(row["speedup_residual"])
+
+    for name, result in on_disk.items():
+        if name == "dropout":  # a measurement behind a design choice, no goal of the issue
+            continue
         assert result["goals"]
         assert all(isinstance(g["met"], bool) for g in result["goals"])

@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from transformer_mt.dropout import Dropout
+
 
 class TokenEmbedding(nn.Embedding):
     """Learned embeddings multiplied by sqrt(d_model) (section 3.4).
@@ -95,7 +97,7 @@ class TransformerEmbedding(nn.Module):
             raise ValueError(
                 f"unknown positional encoding {positional!r}; use 'sinusoidal' or 'learned'"
             )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
         """``tokens (B, L)`` -> ``(B, L, d_model)``; ``offset`` is the first position's index."""

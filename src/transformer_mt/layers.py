@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_mt.attention import KVCache, MultiHeadAttention
+from transformer_mt.dropout import Dropout
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
 
@@ -38,7 +39,7 @@ class PositionwiseFeedForward(nn.Module):
         self.activation = _ACTIVATIONS[activation]
         # Dropout on the hidden activations, as in the reference tensor2tensor implementation
         # ("relu_dropout"); the paper only names residual dropout.
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (B, L, d_model)
@@ -50,13 +51,13 @@ class _Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm_first: bool) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         if self.norm_first:
-            return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
+            return self.dropout.add(x, sublayer(self.norm(x)))  # x + Dropout(Sublayer(LN(x)))
+        return self.norm(self.dropout.add(x, sublayer(x)))  # LN(x + Dropout(Sublayer(x)))
 
 
 class EncoderLayer(nn.Module):

@@ -1,0 +1,53 @@
+"""Dropout: same distribution and train/eval behaviour as nn.Dropout; the fused residual add."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformer_mt.dropout import Dropout
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_drops_a_fraction_p_and_scales_the_rest(p: float) -> None:
+    torch.manual_seed(0)
+    x = torch.full((400, 500), 2.0)
+    y = Dropout(p).train()(x)
+    dropped = (y == 0).float().mean().item()
+    assert dropped == pytest.approx(p, abs=0.005)  # 200k draws: std of the fraction ~0.001
+    kept = y[y != 0]
+    torch.testing.assert_close(kept, torch.full_like(kept, 2.0 / (1 - p)))
+    assert y.mean().item() == pytest.approx(2.0, rel=0.01)  # the expectation is preserved
+
+
+def test_eval_mode_and_p_zero_are_the_identity() -> None:
+    x = torch.randn(8, 16)
+    assert Dropout(0.5).eval()(x) is x
+    assert Dropout(0.0).train()(x) is x
+    residual = torch.randn(8, 16)
+    torch.testing.assert_close(Dropout(0.5).eval().add(residual, x), residual + x)
+
+
+def test_add_is_residual_plus_dropout_with_the_same_mask_in_the_gradient() -> None:
+    torch.manual_seed(0)
+    drop = Dropout(0.25).train()
+    residual = torch.randn(64, 32, requires_grad=True)
+    x = torch.randn(64, 32, requires_grad=True)
+    out = drop.add(residual, x)
+    dropped = out.detach() == residual.detach()  # where x's contribution was dropped
+    assert 0.15 < dropped.float().mean().item() < 0.35
+    out.sum().backward()
+    assert residual.grad is not None and x.grad is not None
+    torch.testing.assert_close(residual.grad, torch.ones_like(residual))
+    # d out / d x is the scaled mask: 0 where dropped, 1/(1-p) where kept.
+    expected = torch.where(dropped, 0.0, 1 / 0.75)
+    torch.testing.assert_close(x.grad, expected)
+
+
+def test_seeded_runs_draw_the_same_mask() -> None:
+    x = torch.randn(32, 32)
+    torch.manual_seed(3)
+    a = Dropout(0.2).train()(x)
+    torch.manual_seed(3)
+    b = Dropout(0.2).train()(x)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
