@@ -264,3 +264,14 @@ def test_lightning_calls_set_epoch_on_our_sampler(dm, tmp_path):
         == sorted(i for b in second for i in b)
         == list(range(SIZES["train"]))
     )
+
+
+def test_only_splits_tokenizes_just_the_requested_split(dm, tmp_path):
+    evaluation = numbers_dm(tmp_path, tokenizer=dm.tokenizer, work_dir=None, only_splits=["test"])
+    evaluation.setup("test")
+    assert list(evaluation.splits) == ["test"]
+    assert evaluation.available_splits == ["test", "train", "validation"]
+    # The same rows and ids as the full set-up produced.
+    assert evaluation.splits["test"]["src_ids"] == dm.splits["test"]["src_ids"]
+    with pytest.raises(ValueError, match="only_splits needs a ready tokenizer"):
+        numbers_dm(tmp_path, only_splits=["test"])

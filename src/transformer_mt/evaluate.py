@@ -135,12 +135,14 @@ def load_split(
     """Sources, references, source ids (truncated to ``max_len``) of one split, and max_tokens."""
     from transformer_mt.data.datamodule import TranslationDataModule
 
-    datamodule = TranslationDataModule(**data, tokenizer=loaded.tokenizer, work_dir=None)
+    datamodule = TranslationDataModule(
+        **data, tokenizer=loaded.tokenizer, work_dir=None, only_splits=[split]
+    )
     datamodule.prepare_data()
     datamodule.setup("test")
     if split not in datamodule.splits:
         raise DataMismatchError(
-            f"no split {split!r} in the data; it has {sorted(datamodule.splits)}. Add one with "
+            f"no split {split!r} in the data; it has {datamodule.available_splits}. Add one with "
             f"'+data.prefixes.{split}=FILE_PREFIX' (files) or choose split=test"
         )
     rows = datamodule.splits[split]

@@ -201,6 +201,8 @@ class TranslationDataModule(pl.LightningDataModule):
         tokenizer: A ready tokenizer (e.g. from a checkpoint) to use instead
             of training one; its languages must match.
         name: A label for run names and logs (e.g. ``multi30k_en_de``).
+        only_splits: Tokenize just these splits (with a ready ``tokenizer``;
+            evaluation needs one split, not the training set). ``None``: all.
     """
 
     def __init__(
@@ -231,6 +233,7 @@ class TranslationDataModule(pl.LightningDataModule):
         work_dir: str | None = None,
         tokenizer: Tokenizer | None = None,
         name: str | None = None,
+        only_splits: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         corpus_kwargs: dict[str, Any] = {"file_format": file_format, "seed": int(seed)}
@@ -277,7 +280,12 @@ class TranslationDataModule(pl.LightningDataModule):
         self.tokenizer: Tokenizer | None = tokenizer
         if tokenizer is not None:
             self._check_languages(tokenizer, "the tokenizer passed in")
+        if only_splits is not None and tokenizer is None:
+            raise ValueError("only_splits needs a ready tokenizer (training one needs 'train').")
+        self.only_splits = None if only_splits is None else {str(s) for s in only_splits}
         self.splits: dict[str, datasets.Dataset] = {}
+        #: Every split the corpus has (``splits`` holds the tokenized ones).
+        self.available_splits: list[str] = []
         self._lengths: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     # -------------------------------------------------------------- properties
@@ -313,9 +321,12 @@ class TranslationDataModule(pl.LightningDataModule):
         if self.splits:
             return
         corpus = self._load_corpus()
+        self.available_splits = sorted(corpus)
         if self.tokenizer is None:
             self.tokenizer = self._load_or_train_tokenizer(corpus["train"])
         for name, split in corpus.items():
+            if self.only_splits is not None and name not in self.only_splits:
+                continue
             tokenized = self._tokenize(name, split)
             lengths = tokenized.with_format("numpy", columns=["src_len", "tgt_len"])[:]
             src_len = lengths["src_len"].astype(np.int64)
