@@ -248,8 +248,13 @@ def test_hub_offline_fails_at_once_with_files_hint(monkeypatch, tmp_path, no_net
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(ConnectionError, match=r"Hugging Face Hub.*data\.source=files data\.dir="):
+    with pytest.raises(
+        ConnectionError, match=r"Hugging Face Hub.*data\.source=files data\.dir="
+    ) as err:
         load_hub_corpus("bentrevett/multi30k", None, "en", "de", cache_dir=str(tmp_path))
+    # Offline mode is already on: the message must not tell the user to turn it on.
+    assert "Offline mode is on" in str(err.value)
+    assert "set HF_DATASETS_OFFLINE=1" not in str(err.value)
 
 
 def test_hub_unreachable_is_detected_before_load_dataset(monkeypatch, tmp_path):

@@ -225,11 +225,17 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 def _hub_unreachable_message(hub_id: str, reason: str) -> str:
+    if _hub_offline():  # offline mode is on already: the cache does not have it
+        cache = "Offline mode is on and it is not in your datasets cache (or data.cache_dir). "
+    else:
+        cache = (
+            "If it is already in your datasets cache, set HF_DATASETS_OFFLINE=1 to use the "
+            "cached copy. "
+        )
     return (
-        f"Cannot load {hub_id!r} from the Hugging Face Hub: {reason}. "
-        "If it is already in your datasets cache, set HF_DATASETS_OFFLINE=1 to use the "
-        "cached copy. Otherwise read local files instead, e.g. "
-        f"`{FILES_HINT}` (see configs/data/files.yaml for the file layouts)."
+        f"Cannot load {hub_id!r} from the Hugging Face Hub: {reason}. {cache}"
+        f"Otherwise read local files instead, e.g. `{FILES_HINT}` (see "
+        "configs/data/files.yaml for the file layouts)."
     )
 
 
