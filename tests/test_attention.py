@@ -152,6 +152,20 @@ def test_attention_dropout_only_in_training() -> None:
     assert not torch.allclose(mha(x, x, x), mha(x, x, x))
 
 
+def test_attention_dropout_in_training_keeps_causality() -> None:
+    # With attention dropout on CPU the explicit path runs; the future must stay invisible.
+    mha = MultiHeadAttention(16, 2, dropout=0.3).train()
+    x = torch.randn(2, 6, 16)
+    y = x.clone()
+    y[:, 3:] = torch.randn(2, 3, 16)  # change only positions 3..5
+    torch.manual_seed(1)
+    a = mha(x, x, x, is_causal=True)
+    torch.manual_seed(1)  # the same dropout masks for both calls
+    b = mha(y, y, y, is_causal=True)
+    torch.testing.assert_close(a[:, :3], b[:, :3])
+    assert not torch.allclose(a[:, 3:], b[:, 3:])
+
+
 def test_boolean_mask_required() -> None:
     mha = MultiHeadAttention(8, 2)
     x = torch.randn(1, 3, 8)

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer_mt.dropout import dropout
+
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
     """Mask of the non-pad key positions, ``(B, 1, 1, S)``: True where a token may be attended."""
@@ -87,7 +89,7 @@ def scaled_dot_product_attention(
         # A fully masked row softmaxes to a uniform distribution over masked keys; zero it so
         # that padding queries read nothing instead of an average of padding.
         weights = weights.masked_fill(~mask, 0.0)
-    attn = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
+    attn = dropout(weights, dropout_p) if dropout_p > 0.0 else weights
     return attn @ v, weights  # (B, H, T_q, d_v), (B, H, T_q, T_k)
 
 
@@ -279,7 +281,14 @@ class MultiHeadAttention(nn.Module):
             mask = _as_4d(mask)
         T, S = q.size(2), k.size(2)
         dropout_p = self.dropout if self.training else 0.0
-        explicit = not self.fused or need_weights or self.store_weights
+        # With attention dropout on CPU, SDPA runs its unfused math kernel anyway; the explicit
+        # path is the same math with a cheaper dropout mask (transformer_mt.dropout).
+        explicit = (
+            not self.fused
+            or need_weights
+            or self.store_weights
+            or (dropout_p > 0.0 and q.device.type == "cpu")
+        )
 
         if is_causal and mask is None and T == S and not explicit:
             # The fused kernel builds the causal structure itself (no mask tensor to read).

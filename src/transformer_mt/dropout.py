@@ -16,28 +16,37 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+def _fast(x: Tensor, p: float, inplace: bool = False) -> bool:
+    return x.device.type == "cpu" and 0.0 < p < 1.0 and not inplace
+
+
+def keep_mask(like: Tensor, p: float) -> Tensor:
+    """A scaled keep-mask shaped like ``like``: ``1 / (1 - p)`` where kept, 0 where dropped."""
+    # uniform [0, 1) >= p holds with probability 1 - p; ge_ writes 1.0/0.0 in place.
+    return torch.rand_like(like).ge_(p).div_(1.0 - p)
+
+
+def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """Functional form of :class:`Dropout` (``torch.nn.functional.dropout``'s contract)."""
+    if not training or p == 0.0:
+        return x
+    if not _fast(x, p):
+        return F.dropout(x, p, True)
+    return x * keep_mask(x, p)
+
+
 class Dropout(nn.Dropout):
     """``nn.Dropout`` (same ``p``, same train/eval behaviour) with :meth:`add` for residuals."""
 
-    def _fast(self, x: Tensor) -> bool:
-        return x.device.type == "cpu" and 0.0 < self.p < 1.0 and not self.inplace
-
-    def mask(self, like: Tensor) -> Tensor:
-        """A scaled keep-mask shaped like ``like``: ``1 / (1 - p)`` where kept, 0 where dropped."""
-        # uniform [0, 1) >= p holds with probability 1 - p; ge_ writes 1.0/0.0 in place.
-        return torch.rand_like(like).ge_(self.p).div_(1.0 - self.p)
-
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0.0:
-            return x
-        if not self._fast(x):
-            return F.dropout(x, self.p, True, self.inplace)
-        return x * self.mask(x)
+        if self.inplace:
+            return F.dropout(x, self.p, self.training, True)
+        return dropout(x, self.p, self.training)
 
     def add(self, residual: Tensor, x: Tensor) -> Tensor:
         """``residual + dropout(x)``; on CPU in one pass (``addcmul``) over a scaled mask."""
         if not self.training or self.p == 0.0:
             return residual + x
-        if not self._fast(x):
+        if not _fast(x, self.p, self.inplace):
             return residual + F.dropout(x, self.p, True)
-        return torch.addcmul(residual, x, self.mask(x))
+        return torch.addcmul(residual, x, keep_mask(x, self.p))
