@@ -216,3 +216,27 @@ def test_cross_attention_cache_computes_source_once() -> None:
     assert cache.k.data_ptr() == k_first.data_ptr()  # the same storage: not recomputed
     torch.testing.assert_close(cache.k, k_first, rtol=0, atol=0)
     assert y1.shape == y2.shape == (2, 1, 16)
+
+
+def test_packed_weights_cached_for_decoding_follow_weight_updates() -> None:
+    mha = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        before = mha(x, x, x)
+        torch.testing.assert_close(mha(x, x, x), before)  # served from the cache
+        mha.v_proj.weight.add_(0.5)  # an in-place update (an optimizer step, load_state_dict)
+        after = mha(x, x, x)
+    assert not torch.allclose(after, before)
+    reference = MultiHeadAttention(16, 4).eval()
+    reference.load_state_dict(mha.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(after, reference(x, x, x))
+
+
+def test_kv_cache_with_gradients_keeps_autograd_working() -> None:
+    mha = MultiHeadAttention(16, 4)
+    cache = KVCache()
+    xs = [torch.randn(2, 1, 16, requires_grad=True) for _ in range(3)]
+    outputs = [mha(x, x, x, is_causal=True, cache=cache) for x in xs]
+    torch.stack(outputs).sum().backward()  # would fail on in-place buffer writes
+    assert all(x.grad is not None for x in xs)

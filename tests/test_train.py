@@ -93,15 +93,17 @@ def test_scheduler_steps_every_optimizer_step() -> None:
 
 
 @pytest.mark.parametrize("schedule", ["linear", "cosine"])
-def test_decaying_schedules_warm_up_then_reach_zero_at_the_last_step(schedule: str) -> None:
+def test_decaying_schedules_warm_up_then_reach_zero_after_the_last_step(schedule: str) -> None:
     warmup, total = 10, 110
     factors = [lr_factor(step, warmup, schedule, total) for step in range(1, total + 1)]
     assert factors[:warmup] == pytest.approx([s / warmup for s in range(1, warmup + 1)])
-    assert factors[-1] == pytest.approx(0.0, abs=1e-12)
-    middle = warmup + (total - warmup) // 2  # halfway through the decay: 0.5 for both
-    assert factors[middle - 1] == pytest.approx(0.5)
-    assert all(a >= b for a, b in zip(factors[warmup:], factors[warmup + 1 :], strict=False))
-    assert lr_factor(total + 50, warmup, schedule, total) == 0.0  # clamped past the end
+    decay = factors[warmup:]
+    assert all(a > b for a, b in zip(decay, decay[1:], strict=False))  # strictly decreasing
+    assert 0.0 < factors[-1] < 0.02  # the last step still learns a little
+    assert lr_factor(total + 1, warmup, schedule, total) == pytest.approx(0.0, abs=1e-12)
+    assert lr_factor(total + 50, warmup, schedule, total) == pytest.approx(0.0, abs=1e-12)
+    halfway = factors[warmup + (total - warmup) // 2 - 1]
+    assert halfway == pytest.approx(0.5, abs=0.03)
 
 
 def test_decaying_schedule_without_a_horizon_is_a_clear_error() -> None:
@@ -215,6 +217,27 @@ def test_resume_mid_epoch_replays_the_same_batches(tmp_path: Path) -> None:
     part = tmp_path / "part" / "checkpoints" / "last.ckpt"
     assert torch.load(part, weights_only=True)["global_step"] == 10
     _fit(tmp_path / "resumed", *common, f"ckpt_path={part}")
+    full = _weights(tmp_path / "full" / "checkpoints" / "last.ckpt")
+    resumed = _weights(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    for name, value in full.items():
+        torch.testing.assert_close(resumed[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_resume_mid_epoch_with_a_decaying_schedule(tmp_path: Path) -> None:
+    # The linear schedule's horizon must be counted without building the training loader
+    # early: Lightning then skips restoring the loader position and the resumed run replays
+    # the epoch from its start. Resume from the full run's own step-10 checkpoint.
+    common = [
+        "model.dropout=0.2",
+        "trainer.max_epochs=2",
+        "test_after_fit=false",
+        "module.lr_schedule=linear",
+        "module.warmup_steps=5",
+        "callbacks.recent_checkpoints.every_n_train_steps=10",
+    ]
+    _fit(tmp_path / "full", *common)
+    (step10,) = (tmp_path / "full" / "checkpoints").glob("recent-*step000010.ckpt")
+    _fit(tmp_path / "resumed", *common, f"ckpt_path={step10}")
     full = _weights(tmp_path / "full" / "checkpoints" / "last.ckpt")
     resumed = _weights(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
     for name, value in full.items():

@@ -22,7 +22,11 @@ def _fast(x: Tensor, p: float, inplace: bool = False) -> bool:
 
 def keep_mask(like: Tensor, p: float) -> Tensor:
     """A scaled keep-mask shaped like ``like``: ``1 / (1 - p)`` where kept, 0 where dropped."""
-    # uniform [0, 1) >= p holds with probability 1 - p; ge_ writes 1.0/0.0 in place.
+    # uniform [0, 1) >= p holds with probability 1 - p; ge_ writes 1.0/0.0 in place. Drawn in
+    # fp32 at least: bf16 uniforms are too coarse (p = 0.1 would keep 0.898, not 0.9).
+    if like.dtype in (torch.float16, torch.bfloat16):
+        noise = torch.rand(like.shape, device=like.device)
+        return noise.ge_(p).div_(1.0 - p).to(like.dtype)
     return torch.rand_like(like).ge_(p).div_(1.0 - p)
 
 

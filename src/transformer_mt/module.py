@@ -54,8 +54,8 @@ def lr_factor(step: int, warmup_steps: int, schedule: str, total_steps: int | No
     """Learning-rate factor (peak 1.0) at optimizer step ``step`` (counted from 1).
 
     ``inverse_sqrt`` is the paper's schedule (:func:`inverse_sqrt_schedule`) and needs no
-    horizon. ``linear`` and ``cosine`` share its linear warmup, then decay to 0 at
-    ``total_steps``: for a fixed budget, decaying to zero by the end trains better than a
+    horizon. ``linear`` and ``cosine`` share its linear warmup, then decay towards 0, reached
+    just after step ``total_steps``: for a fixed budget, decaying to zero by the end trains better than a
     schedule that is still at a third of its peak when the budget runs out (Li et al., 2020,
     "Budgeted Training: Rethinking Deep Neural Network Training Under Resource Constraints").
     """
@@ -72,7 +72,8 @@ def lr_factor(step: int, warmup_steps: int, schedule: str, total_steps: int | No
     step = max(step, 1)
     if step <= warmup_steps:
         return step / max(warmup_steps, 1)
-    progress = min((step - warmup_steps) / (total_steps - warmup_steps), 1.0)
+    # Zero is reached one step after the last, so that the last step still learns something.
+    progress = min((step - warmup_steps) / (total_steps - warmup_steps + 1), 1.0)
     if schedule == "linear":
         return 1.0 - progress
     return 0.5 * (1.0 + math.cos(math.pi * progress))
@@ -230,10 +231,7 @@ class TranslationModule(pl.LightningModule):
             optimizer = self.optimizer_factory(self.parameters())
         warmup = int(self.hparams.warmup_steps)
         schedule = str(self.hparams.get("lr_schedule", "inverse_sqrt"))
-        total: int | None = None
-        if schedule != "inverse_sqrt":
-            estimated = self.trainer.estimated_stepping_batches
-            total = int(estimated) if math.isfinite(estimated) else None
+        total = self._planned_steps() if schedule != "inverse_sqrt" else None
         lr_factor(1, warmup, schedule, total)  # a bad horizon fails here, before training
         # LambdaLR counts from 0 before the first step; the paper's step counter starts at 1.
         scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -243,6 +241,33 @@ class TranslationModule(pl.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
         }
+
+    def _planned_steps(self) -> int | None:
+        """Optimizer steps this fit will take: ``max_steps`` or ``max_epochs`` x steps/epoch.
+
+        Counted from the data module's batch sampler rather than Lightning's
+        ``estimated_stepping_batches``: that builds the training loader before a checkpoint
+        is restored, and Lightning then skips restoring the loader's position, so a mid-epoch
+        resume would silently replay the epoch from its start.
+        """
+        trainer = self.trainer
+        max_steps = trainer.max_steps if trainer.max_steps not in (None, -1) else None
+        datamodule = getattr(trainer, "datamodule", None)
+        if datamodule is None or not hasattr(datamodule, "batch_sampler"):
+            estimated = trainer.estimated_stepping_batches  # a plain loader: Lightning counts
+            return int(estimated) if math.isfinite(estimated) else None
+        by_epochs = None
+        if trainer.max_epochs not in (None, -1):
+            batches = len(datamodule.batch_sampler("train"))
+            limit = trainer.limit_train_batches
+            if isinstance(limit, int):
+                batches = min(batches, limit)
+            elif limit is not None:
+                batches = int(batches * float(limit))
+            per_epoch = math.ceil(batches / max(trainer.accumulate_grad_batches, 1))
+            by_epochs = int(trainer.max_epochs) * per_epoch
+        planned = [n for n in (max_steps, by_epochs) if n is not None]
+        return min(planned) if planned else None
 
     # ------------------------------------------------------------------ evaluation
 
