@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import math
 from pathlib import Path
 
@@ -98,7 +99,7 @@ def test_decaying_schedules_warm_up_then_reach_zero_after_the_last_step(schedule
     factors = [lr_factor(step, warmup, schedule, total) for step in range(1, total + 1)]
     assert factors[:warmup] == pytest.approx([s / warmup for s in range(1, warmup + 1)])
     decay = factors[warmup:]
-    assert all(a > b for a, b in zip(decay, decay[1:], strict=False))  # strictly decreasing
+    assert all(a > b for a, b in itertools.pairwise(decay))  # strictly decreasing
     assert 0.0 < factors[-1] < 0.02  # the last step still learns a little
     assert lr_factor(total + 1, warmup, schedule, total) == pytest.approx(0.0, abs=1e-12)
     assert lr_factor(total + 50, warmup, schedule, total) == pytest.approx(0.0, abs=1e-12)
