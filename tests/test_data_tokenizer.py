@@ -49,7 +49,9 @@ def joint(lines) -> Tokenizer:
 def test_special_tokens_have_fixed_ids(joint):
     assert (joint.pad_id, joint.bos_id, joint.eos_id, joint.unk_id) == (0, 1, 2, 3)
     assert [joint.src.id_to_token(i) for i in range(4)] == ["<pad>", "<bos>", "<eos>", "<unk>"]
-    assert joint.joint and joint.src_vocab_size == joint.tgt_vocab_size == 1000
+    assert joint.joint and joint.src_vocab_size == joint.tgt_vocab_size <= 1000
+    if (MULTI30K / "train.en.gz").is_file():  # 2,000 real pairs fill the whole vocabulary;
+        assert joint.src_vocab_size == 1000  # the 4-pair inline sample cannot
 
 
 def test_round_trip_is_lossless_on_punctuation_umlauts_and_spacing(joint, lines):
