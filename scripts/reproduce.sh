@@ -14,12 +14,8 @@ directions=${1:-"de_en en_de"}
 
 for d in $directions; do
   run="$OUT/multi30k_$d"
-  # The de->en row was trained with 16 epochs, before dropout got cheaper and the presets
-  # grew to 18 epochs to fill the hour; this reproduces the row as measured.
-  epochs=()
-  if [ "$d" = de_en ]; then epochs=(trainer.max_epochs=16); fi
   $PY train.py experiment=multi30k_$d data.source=files data.dir="$DATA_DIR" \
-      callbacks.progress_bar=null threads=2 hydra.run.dir="$run" "${epochs[@]}"
+      callbacks.progress_bar=null threads=2 hydra.run.dir="$run"
   $PY scripts/average_checkpoints.py "$run" --last 5 -o "$run/checkpoints/averaged-last5.ckpt"
   best=$($PY -c 'import glob, re, sys
 files = glob.glob(sys.argv[1] + "/checkpoints/best-*.ckpt")

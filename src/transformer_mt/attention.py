@@ -209,38 +209,10 @@ class MultiHeadAttention(nn.Module):
         #: weights of the last forward call, ``(B, H, T_q, T_k)``, when ``store_weights`` is set
         self.last_weights: Tensor | None = None
         self.store_weights = False
-        # Packed QKV / KV weights for decoding, keyed by the weights' storage and version.
-        self._packed_cache: dict[int, tuple[tuple[tuple[int, int], ...], Tensor, Tensor | None]]
-        self._packed_cache = {}
 
     def _split_heads(self, x: Tensor, d_head: int) -> Tensor:
         B, L, _ = x.shape
         return x.view(B, L, self.n_heads, d_head).transpose(1, 2)  # (B, H, L, d_head)
-
-    def _packed(self, projections: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor | None]:
-        """The projections' weights (and biases) concatenated along the output dimension.
-
-        In training the concatenation is part of the graph (gradients flow back to each
-        projection). Without grad (decoding) it is cached until a weight changes, so decoding
-        does not copy the weights at every step.
-        """
-        tensors = [p.weight for p in projections]
-        has_bias = all(p.bias is not None for p in projections)
-        if has_bias:
-            tensors += [p.bias for p in projections]  # type: ignore[misc]
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            weight = torch.cat([p.weight for p in projections])  # (sum of outputs, d_model)
-            bias = torch.cat([p.bias for p in projections]) if has_bias else None  # type: ignore[misc]
-            return weight, bias
-        key = tuple((t.data_ptr(), t._version) for t in tensors)
-        cached = self._packed_cache.get(len(projections))
-        if cached is None or cached[0] != key:
-            with torch.no_grad():
-                weight = torch.cat([p.weight for p in projections])
-                bias = torch.cat([p.bias for p in projections]) if has_bias else None  # type: ignore[misc]
-            cached = (key, weight, bias)
-            self._packed_cache[len(projections)] = cached
-        return cached[1], cached[2]
 
     def _project(self, x: Tensor, *projections: nn.Linear) -> tuple[Tensor, ...]:
         """Apply several projections of the same input as one matmul; split into heads.
@@ -253,7 +225,12 @@ class MultiHeadAttention(nn.Module):
             y = proj(x)
             sizes = [proj.out_features]
         else:
-            weight, bias = self._packed(projections)
+            # Concatenated at every call, not cached: fused optimizers update weights in place
+            # without bumping their version counters, so a cache could not tell it is stale.
+            weight = torch.cat([p.weight for p in projections])  # (sum of outputs, d_model)
+            bias = None
+            if all(p.bias is not None for p in projections):
+                bias = torch.cat([p.bias for p in projections])  # type: ignore[misc]
             y = F.linear(x, weight, bias)  # (B, L, sum of outputs)
             sizes = [p.out_features for p in projections]
         parts = y.split(sizes, dim=-1) if len(sizes) > 1 else (y,)
