@@ -127,25 +127,20 @@ class KVCache:
         if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
             # Writing into a buffer that earlier steps' outputs view would break autograd:
             # concatenate instead (differentiable decoding is rare; search runs without grad).
-            if self._k is not None and self._v is not None and self.length:
-                k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)  # type: ignore[list-item]
-            self._k, self._v, self.length = k, v, k.size(2)
+            previous_k, previous_v = self.k, self.v
+            if previous_k is not None and previous_v is not None:
+                k, v = torch.cat([previous_k, k], dim=2), torch.cat([previous_v, v], dim=2)
+            self.set(k, v)
             return k, v
-        old_k, old_v = self._k, self._v
-        new_length = self.length + k.size(2)
-        if old_k is None or old_v is None or new_length > old_k.size(2):
-            capacity = max(16, new_length, 2 * (old_k.size(2) if old_k is not None else 0))
-            B, H = k.shape[:2]
-            self._k = k.new_empty(B, H, capacity, k.size(3))
-            self._v = v.new_empty(B, H, capacity, v.size(3))
-            if old_k is not None and old_v is not None and self.length:
-                self._k[:, :, : self.length] = old_k[:, :, : self.length]
-                self._v[:, :, : self.length] = old_v[:, :, : self.length]
-        assert self._k is not None and self._v is not None
-        self._k[:, :, self.length : new_length] = k
-        self._v[:, :, self.length : new_length] = v
-        self.length = new_length
-        return self._k[:, :, :new_length], self._v[:, :, :new_length]
+        start, end = self.length, self.length + k.size(2)
+        if self._k is None or self._v is None or end > self._k.size(2):
+            capacity = max(16, end, 2 * start)
+            self._k = _with_room(self._k, k, start, capacity)
+            self._v = _with_room(self._v, v, start, capacity)
+        self._k[:, :, start:end] = k
+        self._v[:, :, start:end] = v
+        self.length = end
+        return self._k[:, :, :end], self._v[:, :, :end]
 
     def reorder(self, index: Tensor) -> None:
         """Select batch rows (beam search keeps the surviving hypotheses)."""
@@ -153,6 +148,14 @@ class KVCache:
             # The whole buffer (at most twice the filled part) in one copy, no temporary.
             self._k = self._k.index_select(0, index)
             self._v = self._v.index_select(0, index)
+
+
+def _with_room(buffer: Tensor | None, new: Tensor, length: int, capacity: int) -> Tensor:
+    """A ``(B, H, capacity, d)`` buffer like ``new`` holding the first ``length`` of ``buffer``."""
+    grown = new.new_empty(*new.shape[:2], capacity, new.size(3))
+    if buffer is not None and length:
+        grown[:, :, :length] = buffer[:, :, :length]
+    return grown
 
 
 class MultiHeadAttention(nn.Module):
@@ -220,20 +223,17 @@ class MultiHeadAttention(nn.Module):
         ``x (B, L, d_model)`` -> one ``(B, H, L, d_head)`` tensor per projection, where
         ``d_head`` is ``d_k`` for ``q_proj``/``k_proj`` and ``d_v`` for ``v_proj``.
         """
-        if len(projections) == 1:
-            (proj,) = projections
-            y = proj(x)
-            sizes = [proj.out_features]
-        else:
-            # Concatenated at every call, not cached: fused optimizers update weights in place
-            # without bumping their version counters, so a cache could not tell it is stale.
-            weight = torch.cat([p.weight for p in projections])  # (sum of outputs, d_model)
-            bias = None
-            if all(p.bias is not None for p in projections):
-                bias = torch.cat([p.bias for p in projections])  # type: ignore[misc]
-            y = F.linear(x, weight, bias)  # (B, L, sum of outputs)
-            sizes = [p.out_features for p in projections]
-        parts = y.split(sizes, dim=-1) if len(sizes) > 1 else (y,)
+        weights = [p.weight for p in projections]
+        biases = [p.bias for p in projections]
+        # Several projections are concatenated at every call, not cached: fused optimizers
+        # update weights in place without bumping version counters, so a cache could not tell
+        # that it is stale.
+        weight = weights[0] if len(weights) == 1 else torch.cat(weights)  # (sum of outs, d)
+        bias = None
+        if all(b is not None for b in biases):
+            bias = biases[0] if len(biases) == 1 else torch.cat(biases)  # type: ignore[arg-type]
+        sizes = [p.out_features for p in projections]
+        parts = F.linear(x, weight, bias).split(sizes, dim=-1)  # (B, L, size) each
         return tuple(
             self._split_heads(part, size // self.n_heads) for part, size in zip(parts, sizes)
         )
@@ -265,23 +265,23 @@ class MultiHeadAttention(nn.Module):
             ``(B, T, d_model)``, or ``(output, weights)`` when ``need_weights``.
         """
         reuse_kv = cache is not None and static_kv and cache.k is not None
-        if query is key and key is value and not reuse_kv:
+        if reuse_kv:
+            assert cache is not None
+            (q,) = self._project(query, self.q_proj)
+            k, v = cache.k, cache.v  # cross-attention: source K/V from the first step
+        elif query is key and key is value:
             # Self-attention: Q, K and V in one matmul over the concatenated weights (one
             # large GEMM is faster than three small ones; the parameters stay separate, so
             # checkpoints and the paper's W^Q, W^K, W^V are unchanged).
             q, k, v = self._project(query, self.q_proj, self.k_proj, self.v_proj)
-        elif key is value and not reuse_kv:
+        elif key is value:
             # Cross-attention: K and V of the same memory in one matmul.
             (q,) = self._project(query, self.q_proj)
             k, v = self._project(key, self.k_proj, self.v_proj)
         else:
             (q,) = self._project(query, self.q_proj)
-            if reuse_kv:
-                assert cache is not None
-                k, v = cache.k, cache.v  # cross-attention: source K/V from the first step
-            else:
-                (k,) = self._project(key, self.k_proj)
-                (v,) = self._project(value, self.v_proj)
+            (k,) = self._project(key, self.k_proj)
+            (v,) = self._project(value, self.v_proj)
         if cache is not None and not reuse_kv:
             if static_kv:
                 cache.set(k, v)
@@ -322,12 +322,13 @@ class MultiHeadAttention(nn.Module):
                 weights = None
                 if mask is not None:
                     # SDPA may return NaN for a query whose keys are all masked; the explicit
-                    # path returns zeros. Keep the explicit path's contract, paying for the
-                    # extra pass over the output only when such a row exists (rarely).
+                    # path returns zeros. Keep the explicit path's contract. On CPU the check
+                    # is cheap and skips the extra pass over the output when no such row
+                    # exists (almost always); on an accelerator it would be a host sync, and
+                    # under torch.compile a graph break, so those always mask.
                     attends = mask.any(dim=-1, keepdim=True)  # (B or 1, H or 1, T, 1)
-                    # (Under torch.compile always mask: the check would break the graph and
-                    # the compiler fuses the masked_fill into neighbouring kernels anyway.)
-                    if torch.compiler.is_compiling() or not bool(attends.all()):
+                    cheap_check = on_cpu and not torch.compiler.is_compiling()
+                    if not cheap_check or not bool(attends.all()):
                         out = out.masked_fill(~attends, 0.0)
         B, _, T, _ = out.shape
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.d_v)  # (B, T, H * d_v)

@@ -16,18 +16,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-def _fast(x: Tensor, p: float, inplace: bool = False) -> bool:
-    return x.device.type == "cpu" and 0.0 < p < 1.0 and not inplace
+def _fast(x: Tensor, p: float) -> bool:
+    return x.device.type == "cpu" and 0.0 < p < 1.0
 
 
 def keep_mask(like: Tensor, p: float) -> Tensor:
     """A scaled keep-mask shaped like ``like``: ``1 / (1 - p)`` where kept, 0 where dropped."""
     # uniform [0, 1) >= p holds with probability 1 - p; ge_ writes 1.0/0.0 in place. Drawn in
     # fp32 at least: bf16 uniforms are too coarse (p = 0.1 would keep 0.898, not 0.9).
-    if like.dtype in (torch.float16, torch.bfloat16):
-        noise = torch.rand(like.shape, device=like.device)
-        return noise.ge_(p).div_(1.0 - p).to(like.dtype)
-    return torch.rand_like(like).ge_(p).div_(1.0 - p)
+    dtype = torch.promote_types(like.dtype, torch.float32)
+    noise = torch.rand(like.shape, dtype=dtype, device=like.device)
+    return noise.ge_(p).div_(1.0 - p).to(like.dtype)
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
@@ -51,6 +50,6 @@ class Dropout(nn.Dropout):
         """``residual + dropout(x)``; on CPU in one pass (``addcmul``) over a scaled mask."""
         if not self.training or self.p == 0.0:
             return residual + x
-        if not _fast(x, self.p, self.inplace):
+        if not _fast(x, self.p):
             return residual + F.dropout(x, self.p, True)
         return torch.addcmul(residual, x, keep_mask(x, self.p))

@@ -289,10 +289,3 @@ def _print_table(results: dict[str, Any]) -> None:
     )
     table.add_row("results", results["results_path"])
     Console().print(table)
-
-
-def main(cfg: DictConfig) -> dict[str, Any] | None:
-    """``run`` for the command line: a user error is one ``error:`` line and exit status 2."""
-    from transformer_mt.cli import guarded
-
-    return guarded(run)(cfg)

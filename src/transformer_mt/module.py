@@ -55,9 +55,10 @@ def lr_factor(step: int, warmup_steps: int, schedule: str, total_steps: int | No
 
     ``inverse_sqrt`` is the paper's schedule (:func:`inverse_sqrt_schedule`) and needs no
     horizon. ``linear`` and ``cosine`` share its linear warmup, then decay towards 0, reached
-    just after step ``total_steps``: for a fixed budget, decaying to zero by the end trains better than a
-    schedule that is still at a third of its peak when the budget runs out (Li et al., 2020,
-    "Budgeted Training: Rethinking Deep Neural Network Training Under Resource Constraints").
+    just after step ``total_steps``: for a fixed budget, decaying to zero by the end trains
+    better than a schedule still at a third of its peak when the budget runs out (Li et al.,
+    2020, "Budgeted Training: Rethinking Deep Neural Network Training Under Resource
+    Constraints").
     """
     if schedule == "inverse_sqrt":
         return inverse_sqrt_schedule(step, warmup_steps)
