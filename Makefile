@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup train test test-all lint format bench reproduce clean
+.PHONY: help setup train test test-all lint format clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -28,9 +28,10 @@ test: $(STAMP)  ## run the fast test suite (no network, a few minutes on 2 cores
 test-all: $(STAMP)  ## run every test, the slow ones included
 	$(BIN)/python -m pytest -m "" $(ARGS)
 
-lint: $(STAMP)  ## ruff lint + format check
+lint: $(STAMP)  ## ruff lint + format check + the import rule of the wings (import-linter)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 format: $(STAMP)  ## apply ruff fixes and formatting
 	$(BIN)/ruff check --fix .

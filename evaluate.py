@@ -1,6 +1,6 @@
 """Evaluate a checkpoint: `python evaluate.py ckpt_path=PATH [key=value ...]`.
 
-Thin entry point: Hydra composes configs/evaluate.yaml, transformer_mt.evaluate does the work,
+Thin entry point: Hydra composes configs/evaluate.yaml, transformer_mt.inference.evaluate does the work,
 transformer_mt.cli turns user mistakes into one `error: ...` line and exit status 2
 (TRANSFORMER_MT_DEBUG=1 or HYDRA_FULL_ERROR=1 shows the traceback; docs/errors.md).
 """
@@ -16,7 +16,7 @@ from transformer_mt.cli import guarded, run_entry_point
 @guarded
 def evaluate(cfg: DictConfig) -> dict[str, Any] | None:
     """Import Lightning only now, so --help and config typos answer at once."""
-    from transformer_mt.evaluate import run
+    from transformer_mt.inference.evaluate import run
 
     return run(cfg)
 

@@ -1,6 +1,6 @@
 """Train a Transformer: `python train.py [experiment=multi30k_de_en] [key=value ...]`.
 
-Thin entry point: Hydra composes configs/train.yaml, transformer_mt.train.run does the work,
+Thin entry point: Hydra composes configs/train.yaml, transformer_mt.training.run.run does the work,
 transformer_mt.cli turns user mistakes into one `error: ...` line (docs/errors.md).
 """
 
@@ -13,7 +13,7 @@ from transformer_mt.cli import guarded, run_entry_point
 @guarded
 def train(cfg: DictConfig) -> float | None:
     """Import Lightning only now, so --help and config typos answer at once."""
-    from transformer_mt.train import run
+    from transformer_mt.training.run import run
 
     return run(cfg)
 

@@ -10,7 +10,7 @@ Subcommands (``--help`` on each lists its options):
 * ``decode``: sentences/s of greedy and beam search, with and without the KV cache, vs
   ``transformers.MarianMTModel.generate`` with a random model of the same dimensions.
 * ``dropout``: forward+backward of ``torch.nn.functional.dropout`` vs ours
-  (``transformer_mt.dropout``), alone and fused into the residual addition.
+  (``transformer_mt.model.dropout``), alone and fused into the residual addition.
 * ``all``: the four in a row.
 
 Each writes ``bench_results/<name>.json`` (or ``--out``) with the settings, raw timings,
@@ -51,10 +51,10 @@ from bench_common import (
     top_ops,
     write_json,
 )
-from transformer_mt.attention import MultiHeadAttention
-from transformer_mt.embedding import TokenEmbedding, TransformerEmbedding
-from transformer_mt.model import ModelConfig, Transformer
-from transformer_mt.search import beam_search, greedy_search
+from transformer_mt.inference.search import beam_search, greedy_search
+from transformer_mt.model.attention import MultiHeadAttention
+from transformer_mt.model.embedding import TokenEmbedding, TransformerEmbedding
+from transformer_mt.model.transformer import ModelConfig, Transformer
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -768,7 +768,7 @@ def decode_tables(result: dict[str, Any]) -> list[Table]:
 
 def _dropout_contenders(tokens: int, width: int, p: float) -> dict[str, Callable[[], None]]:
     """Forward+backward callables: torch's dropout vs ours, alone and in a residual."""
-    from transformer_mt.dropout import Dropout
+    from transformer_mt.model.dropout import Dropout
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(tokens, width, generator=gen, requires_grad=True)

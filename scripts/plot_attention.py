@@ -24,8 +24,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
-from transformer_mt.search import SearchConfig, generate
-from transformer_mt.translate import resolve_device
+from transformer_mt.inference.search import SearchConfig, generate
+from transformer_mt.inference.translate import resolve_device
 
 
 def token_labels(loaded: LoadedModel, ids: list[int], side: str) -> list[str]:

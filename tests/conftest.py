@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer_mt.model import ModelConfig, Transformer
+from transformer_mt.model.transformer import ModelConfig, Transformer
 
 PAD, BOS, EOS = 0, 1, 2
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from transformer_mt.attention import (
+from transformer_mt.model.attention import (
     KVCache,
     MultiHeadAttention,
     causal_mask,

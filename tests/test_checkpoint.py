@@ -19,7 +19,7 @@ from transformer_mt.checkpoint import (
     select_checkpoints,
 )
 from transformer_mt.data.tokenizer import Tokenizer
-from transformer_mt.translate import main as translate_main
+from transformer_mt.inference.translate import main as translate_main
 
 
 class Touch:

@@ -155,8 +155,8 @@ def test_ddp_checkpoint_loads_safely_and_reproduces_val_loss(ddp_run: Path) -> N
     from hydra.utils import instantiate
 
     from transformer_mt.data.tokenizer import Tokenizer
-    from transformer_mt.model import ModelConfig, Transformer
-    from transformer_mt.module import CHECKPOINT_KEY, label_smoothed_loss
+    from transformer_mt.model.transformer import ModelConfig, Transformer
+    from transformer_mt.training.module import CHECKPOINT_KEY, label_smoothed_loss
 
     checkpoint = torch.load(ddp_run / "checkpoints" / "last.ckpt", weights_only=True)
     extra = checkpoint[CHECKPOINT_KEY]

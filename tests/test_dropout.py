@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer_mt.dropout import Dropout
+from transformer_mt.model.dropout import Dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3])

@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from transformer_mt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from transformer_mt.evaluate import DataMismatchError, run
+from transformer_mt.inference.evaluate import DataMismatchError, run
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = str(ROOT / "configs")
@@ -58,7 +58,7 @@ def train_tiny_run(run_dir: Path) -> Path:
     done = run_dir / "DONE"
     if done.exists():
         return run_dir
-    from transformer_mt.train import run as train_run
+    from transformer_mt.training.run import run as train_run
 
     with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
         cfg = compose("train", overrides=[f"run_dir={run_dir}", *TRAIN_OVERRIDES])

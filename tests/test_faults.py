@@ -19,14 +19,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from transformer_mt.callbacks import (
+from transformer_mt.cli import EXIT_INTERRUPTED, EXIT_RUNTIME_ERROR, exit_code_for, guarded
+from transformer_mt.training.callbacks import (
     AtomicCheckpointIO,
     SafeModelCheckpoint,
     is_interrupt,
     weights_are_finite,
 )
-from transformer_mt.cli import EXIT_INTERRUPTED, EXIT_RUNTIME_ERROR, exit_code_for, guarded
-from transformer_mt.train import run
+from transformer_mt.training.run import run
 
 from conftest import FAST_TRAIN, compose_train
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_mt.train import run
+from transformer_mt.training.run import run
 
 from conftest import FAST_TRAIN, compose_train
 

@@ -18,14 +18,14 @@ from transformer_mt.cli import (
     EXIT_INTERRUPTED,
     EXIT_RUNTIME_ERROR,
     EXIT_USER_ERROR,
+    NonFiniteLossError,
     TrainingInterrupted,
     UserError,
     exit_code_for,
     guarded,
     one_line,
 )
-from transformer_mt.module import NonFiniteLossError
-from transformer_mt.train import check_output_dir, run
+from transformer_mt.training.run import check_output_dir, run
 
 from conftest import FAST_TRAIN, compose_train
 

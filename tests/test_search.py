@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer_mt.model import Transformer
-from transformer_mt.search import SearchConfig, beam_search, generate, greedy_search
+from transformer_mt.inference.search import SearchConfig, beam_search, generate, greedy_search
+from transformer_mt.model.transformer import Transformer
 
 from conftest import BOS, EOS, PAD, random_batch, tiny_config
 

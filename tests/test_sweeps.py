@@ -17,7 +17,7 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
-from transformer_mt.sweep import (
+from transformer_mt.training.sweep import (
     RESULT_FILE,
     SUMMARY_CSV,
     SUMMARY_MD,

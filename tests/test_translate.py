@@ -11,8 +11,8 @@ import pytest
 
 from test_evaluate import best_checkpoint, train_tiny_run
 from transformer_mt.checkpoint import load_model
-from transformer_mt.search import SearchConfig
-from transformer_mt.translate import Translator, main
+from transformer_mt.inference.search import SearchConfig
+from transformer_mt.inference.translate import Translator, main
 
 ROOT = Path(__file__).resolve().parents[1]
 

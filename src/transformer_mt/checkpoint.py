@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from transformer_mt.data.tokenizer import Tokenizer
-from transformer_mt.model import ModelConfig, Transformer
+from transformer_mt.model.transformer import ModelConfig, Transformer
 
 log = logging.getLogger(__name__)
 

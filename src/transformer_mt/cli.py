@@ -17,7 +17,7 @@ What the user sees on stderr, and the exit status:
   ``error: <cause and fix>``, exit 2 (:data:`EXIT_USER_ERROR`).
 - Hydra's own composition errors (unknown key, unknown group option): Hydra's message,
   no traceback, exit 2 (see :func:`run_entry_point`).
-- :class:`~transformer_mt.module.NonFiniteLossError`: ``error: <step, causes, checkpoint>``,
+- :class:`NonFiniteLossError`: ``error: <step, causes, checkpoint>``,
   exit 1 (:data:`EXIT_RUNTIME_ERROR`).
 - :class:`TrainingInterrupted`, Ctrl-C: ``error: <checkpoint to resume from>``, exit 130.
 - Anything else is a bug: its traceback, exit 1.
@@ -38,6 +38,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_RUNTIME_ERROR",
     "EXIT_USER_ERROR",
+    "NonFiniteLossError",
     "TrainingInterrupted",
     "UserError",
     "exit_code_for",
@@ -60,6 +61,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 class UserError(Exception):
     """A problem the user can fix; the message states the cause and the fix in one sentence."""
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite."""
 
 
 class TrainingInterrupted(Exception):
@@ -89,8 +94,6 @@ def exit_code_for(exc: BaseException) -> int | None:
     """The exit status for a known failure, or ``None`` for a bug (show its traceback)."""
     from hydra.errors import HydraException, InstantiationException
     from omegaconf.errors import OmegaConfBaseException
-
-    from transformer_mt.module import NonFiniteLossError
 
     if isinstance(exc, InstantiationException) and isinstance(_root_cause(exc), TypeError):
         return EXIT_USER_ERROR  # a wrong argument in a _target_ config, e.g. +data.typo=1

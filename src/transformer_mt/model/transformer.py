@@ -10,9 +10,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from transformer_mt.attention import KVCache, MultiHeadAttention, padding_mask
-from transformer_mt.embedding import TokenEmbedding, TransformerEmbedding
-from transformer_mt.layers import DecoderLayer, EncoderLayer
+from transformer_mt.model.attention import KVCache, MultiHeadAttention, padding_mask
+from transformer_mt.model.embedding import TokenEmbedding, TransformerEmbedding
+from transformer_mt.model.layers import DecoderLayer, EncoderLayer
 
 
 @dataclass
@@ -166,7 +166,7 @@ class Transformer(nn.Module):
     """Encoder-decoder Transformer with embeddings, positional encodings and output projection.
 
     ``forward(src, tgt_in)`` returns next-token logits ``(B, T, tgt_vocab_size)`` for teacher
-    forcing; :mod:`transformer_mt.search` decodes with :meth:`encode` and :meth:`decode` over a
+    forcing; :mod:`transformer_mt.inference.search` decodes with :meth:`encode` and :meth:`decode` over a
     key/value cache.
     """
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transformer_mt.attention import KVCache
-from transformer_mt.model import Transformer
+from transformer_mt.model.attention import KVCache
+from transformer_mt.model.transformer import Transformer
 
 
 @dataclass

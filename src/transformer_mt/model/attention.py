@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_mt.dropout import dropout
+from transformer_mt.model.dropout import dropout
 
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
@@ -293,7 +293,7 @@ class MultiHeadAttention(nn.Module):
         T, S = q.size(2), k.size(2)
         dropout_p = self.dropout if self.training else 0.0
         # With attention dropout on CPU, SDPA runs its unfused math kernel anyway; the explicit
-        # path is the same math with a cheaper dropout mask (transformer_mt.dropout). A single
+        # path is the same math with a cheaper dropout mask (transformer_mt.model.dropout). A single
         # query (cached decoding) on CPU is two small matmuls: the flash kernel's blocking costs
         # more than it saves (forward 0.92 vs 0.60 ms for 320 rows x 32 keys, 2 threads).
         on_cpu = q.device.type == "cpu"

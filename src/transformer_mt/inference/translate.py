@@ -25,7 +25,7 @@ import torch
 
 from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
 from transformer_mt.data.batching import pack_by_budget
-from transformer_mt.search import SearchConfig, beam_search, generate
+from transformer_mt.inference.search import SearchConfig, beam_search, generate
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class Translator:
         return scores
 
     def beam_scores(self, ids: Sequence[Sequence[int]]) -> list[float]:
-        """Length-normalised beam scores (as :func:`~transformer_mt.search.beam_search` ranks)."""
+        """Length-normalised beam scores (as :func:`~transformer_mt.inference.search.beam_search` ranks)."""
         scores = []
         for seq in ids:
             _, s = beam_search(

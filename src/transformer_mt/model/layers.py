@@ -17,8 +17,8 @@ from collections.abc import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_mt.attention import KVCache, MultiHeadAttention
-from transformer_mt.dropout import Dropout
+from transformer_mt.model.attention import KVCache, MultiHeadAttention
+from transformer_mt.model.dropout import Dropout
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
 

@@ -1,7 +1,7 @@
 """TranslationModule: the Lightning wrapper that trains and scores the plain Transformer.
 
 Loss, optimizer, learning-rate schedule and metrics live here; the model itself
-(:mod:`transformer_mt.model`) knows nothing about Lightning.
+(:mod:`transformer_mt.model.transformer`) knows nothing about Lightning.
 """
 
 from __future__ import annotations
@@ -19,16 +19,13 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
 from transformer_mt.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_KEY
+from transformer_mt.cli import NonFiniteLossError
 from transformer_mt.data.tokenizer import Tokenizer
-from transformer_mt.metrics import corpus_scores
-from transformer_mt.model import ModelConfig, Transformer
-from transformer_mt.search import SearchConfig, generate
+from transformer_mt.inference.metrics import corpus_scores
+from transformer_mt.inference.search import SearchConfig, generate
+from transformer_mt.model.transformer import ModelConfig, Transformer
 
 log = logging.getLogger(__name__)
-
-
-class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite."""
 
 
 def inverse_sqrt_schedule(step: int, warmup_steps: int) -> float:
@@ -118,7 +115,7 @@ class TranslationModule(pl.LightningModule):
 
     Args:
         model_config: :class:`ModelConfig` fields (plain dict; vocab sizes and pad id filled
-            in from the tokenizer by :func:`transformer_mt.train.run`).
+            in from the tokenizer by :func:`transformer_mt.training.run.run`).
         optimizer: a partial optimizer constructor (Hydra ``_partial_: true``) taking the
             parameters; its ``lr`` is the peak learning rate.
         warmup_steps: linear warmup length (optimizer steps).

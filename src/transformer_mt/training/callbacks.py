@@ -1,6 +1,6 @@
 """Checkpointing that survives kill -9, Ctrl-C and a diverging loss.
 
-Two pieces, both wired in by :func:`transformer_mt.train.build` / ``configs/callbacks``:
+Two pieces, both wired in by :func:`transformer_mt.training.run.build` / ``configs/callbacks``:
 
 - :class:`AtomicCheckpointIO` writes every checkpoint to a temporary file in the target
   directory, fsyncs it and renames it over the old one. Lightning's own save goes through

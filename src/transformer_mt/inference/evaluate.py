@@ -26,8 +26,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
-from transformer_mt.metrics import corpus_scores
-from transformer_mt.translate import Translator, resolve_device, search_config
+from transformer_mt.inference.metrics import corpus_scores
+from transformer_mt.inference.translate import Translator, resolve_device, search_config
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from transformer_mt.dropout import Dropout
+from transformer_mt.model.dropout import Dropout
 
 
 class TokenEmbedding(nn.Embedding):

@@ -12,10 +12,10 @@ import lightning.pytorch as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_mt.callbacks import AtomicCheckpointIO, is_interrupt
-from transformer_mt.cli import TrainingInterrupted, UserError
-from transformer_mt.model import ModelConfig
-from transformer_mt.module import NonFiniteLossError, TranslationModule
+from transformer_mt.cli import NonFiniteLossError, TrainingInterrupted, UserError
+from transformer_mt.model.transformer import ModelConfig
+from transformer_mt.training.callbacks import AtomicCheckpointIO, is_interrupt
+from transformer_mt.training.module import TranslationModule
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
     callbacks = _instantiate_all(cfg.get("callbacks"))
     loggers = _instantiate_all(cfg.get("logger"))
     # Checkpoints are written to a temp file next to the target and renamed: kill -9 at any
-    # moment leaves the previous last.ckpt intact (see transformer_mt.callbacks).
+    # moment leaves the previous last.ckpt intact (see transformer_mt.training.callbacks).
     plugins = list(cfg.trainer.get("plugins") or [])
     if not any(isinstance(p, AtomicCheckpointIO) for p in plugins):
         plugins.append(AtomicCheckpointIO())
