@@ -156,7 +156,8 @@ def test_ddp_checkpoint_loads_safely_and_reproduces_val_loss(ddp_run: Path) -> N
 
     from transformer_mt.data.tokenizer import Tokenizer
     from transformer_mt.model.transformer import ModelConfig, Transformer
-    from transformer_mt.training.module import CHECKPOINT_KEY, label_smoothed_loss
+    from transformer_mt.training.loss import label_smoothed_loss
+    from transformer_mt.training.module import CHECKPOINT_KEY
 
     checkpoint = torch.load(ddp_run / "checkpoints" / "last.ckpt", weights_only=True)
     extra = checkpoint[CHECKPOINT_KEY]

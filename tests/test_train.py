@@ -13,14 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from transformer_mt.data.tokenizer import Tokenizer
-from transformer_mt.training.module import (
-    TranslationModule,
-    inverse_sqrt_schedule,
-    label_smoothed_loss,
-    lr_factor,
-    paper_peak_lr,
-)
+from transformer_mt.training.loss import label_smoothed_loss
+from transformer_mt.training.module import TranslationModule
 from transformer_mt.training.run import model_config_from, run
+from transformer_mt.training.schedules import inverse_sqrt_schedule, lr_factor, paper_peak_lr
 
 from conftest import CONFIGS, FAST_TRAIN, compose_train
 

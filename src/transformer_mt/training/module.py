@@ -14,7 +14,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
@@ -24,90 +23,10 @@ from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.inference.metrics import corpus_scores
 from transformer_mt.inference.search import SearchConfig, generate
 from transformer_mt.model.transformer import ModelConfig, Transformer
+from transformer_mt.training.loss import label_smoothed_loss
+from transformer_mt.training.schedules import SCHEDULES, lr_factor
 
 log = logging.getLogger(__name__)
-
-
-def inverse_sqrt_schedule(step: int, warmup_steps: int) -> float:
-    """Learning-rate factor of the paper (section 5.3), normalised to peak at 1.0.
-
-    The paper uses ``lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)``, which peaks at
-    ``step = warmup`` with value ``d_model^-0.5 * warmup^-0.5``. Dividing by that peak gives
-    ``min(step / warmup, sqrt(warmup / step))``: linear warmup, then inverse square root. The
-    optimizer's ``lr`` is therefore the peak learning rate; the paper's own schedule is
-    ``lr = scale * (d_model * warmup)^-0.5`` with ``scale = 1`` (see :func:`paper_peak_lr`).
-    ``step`` counts optimizer steps from 1.
-    """
-    step = max(step, 1)
-    if warmup_steps <= 0:
-        return 1.0 / math.sqrt(step)
-    return min(step / warmup_steps, math.sqrt(warmup_steps / step))
-
-
-SCHEDULES = ("inverse_sqrt", "linear", "cosine")
-
-
-def lr_factor(step: int, warmup_steps: int, schedule: str, total_steps: int | None) -> float:
-    """Learning-rate factor (peak 1.0) at optimizer step ``step`` (counted from 1).
-
-    ``inverse_sqrt`` is the paper's schedule (:func:`inverse_sqrt_schedule`) and needs no
-    horizon. ``linear`` and ``cosine`` share its linear warmup, then decay towards 0, reached
-    just after step ``total_steps``: for a fixed budget, decaying to zero by the end trains
-    better than a schedule still at a third of its peak when the budget runs out (Li et al.,
-    2020, "Budgeted Training: Rethinking Deep Neural Network Training Under Resource
-    Constraints").
-    """
-    if schedule == "inverse_sqrt":
-        return inverse_sqrt_schedule(step, warmup_steps)
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown lr schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if total_steps is None or total_steps <= warmup_steps:
-        raise ValueError(
-            f"the {schedule} schedule decays over the whole run, so it needs a number of steps "
-            f"larger than warmup_steps ({warmup_steps}), got {total_steps}; set "
-            "trainer.max_epochs or trainer.max_steps"
-        )
-    step = max(step, 1)
-    if step <= warmup_steps:
-        return step / max(warmup_steps, 1)
-    # Zero is reached one step after the last, so that the last step still learns something.
-    progress = min((step - warmup_steps) / (total_steps - warmup_steps + 1), 1.0)
-    if schedule == "linear":
-        return 1.0 - progress
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def paper_peak_lr(d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
-    """Peak of the paper's schedule: ``scale * d_model^-0.5 * warmup^-0.5`` (7.0e-4 for base)."""
-    return scale * d_model**-0.5 * warmup_steps**-0.5
-
-
-def label_smoothed_loss(
-    logits: Tensor, target: Tensor, pad_id: int, label_smoothing: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Mean label-smoothed cross-entropy over non-pad tokens.
-
-    Returns ``(loss, nll_sum, n_tokens)``: the smoothed mean loss to optimise, plus the plain
-    negative log-likelihood summed over tokens (for perplexity) and the token count.
-    """
-    vocab = logits.size(-1)
-    flat_target = target.reshape(-1)  # (N,) with N = B*T
-    # One log-softmax serves both the loss and the plain NLL (F.cross_entropy with label
-    # smoothing computes the same terms internally; calling it twice would redo the
-    # N x V log-softmax just for perplexity).
-    lprobs = F.log_softmax(logits.reshape(-1, vocab).float(), dim=-1)  # (N, V)
-    keep = flat_target != pad_id  # (N,)
-    nll = -lprobs.gather(1, flat_target[:, None]).squeeze(1).masked_fill(~keep, 0.0)  # (N,)
-    n_tokens = keep.sum()
-    nll_total = nll.sum()
-    if label_smoothing > 0.0:
-        # Smoothing spreads epsilon uniformly over the vocabulary: eps * mean_j(-log p_j).
-        uniform = -lprobs.sum(dim=-1).masked_fill(~keep, 0.0).sum() / vocab
-        loss = ((1.0 - label_smoothing) * nll_total + label_smoothing * uniform) / n_tokens
-    else:
-        loss = nll_total / n_tokens
-    nll_sum = nll_total.detach()
-    return loss, nll_sum, n_tokens
 
 
 class TranslationModule(pl.LightningModule):
