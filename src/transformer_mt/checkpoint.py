@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.files import atomic_write
 from transformer_mt.model.transformer import ModelConfig, Transformer
 
 log = logging.getLogger(__name__)
@@ -281,12 +282,10 @@ def load_model(path: str | os.PathLike[str], device: str = "cpu") -> LoadedModel
 
 
 def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Write ``checkpoint`` atomically (temporary file, then rename)."""
+    """Write ``checkpoint`` atomically and durably (:func:`transformer_mt.files.atomic_write`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(checkpoint, tmp)
-    tmp.replace(path)
+    with atomic_write(path) as handle:
+        torch.save(checkpoint, handle)
     return path
 
 

@@ -31,6 +31,8 @@ from typing import Any, Literal
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from transformer_mt.files import write_text_atomic
+
 log = logging.getLogger(__name__)
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
@@ -275,10 +277,7 @@ class Tokenizer:
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """Write ``directory/tokenizer.json`` (both sides in one file); return its path."""
         path = Path(directory) / FILENAME
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(self.to_json(), encoding="utf-8")
-        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+        write_text_atomic(path, self.to_json())  # a concurrent reader never sees half a file
         return path
 
     @classmethod

@@ -17,8 +17,6 @@ Two pieces, both wired in by :func:`transformer_mt.training.run.build` / ``confi
 from __future__ import annotations
 
 import logging
-import os
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -27,10 +25,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-log = logging.getLogger(__name__)
+from transformer_mt.files import atomic_write
 
-#: Suffix of the temporary file a checkpoint is written to before the rename.
-TMP_SUFFIX = ".tmp"
+log = logging.getLogger(__name__)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -50,33 +47,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not take storage_options")
-        target = Path(str(path).removeprefix("file://"))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}{TMP_SUFFIX}")
-        try:
-            with open(tmp, "wb") as handle:
-                torch.save(checkpoint, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        _fsync_directory(target.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Persist the rename itself (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        with atomic_write(str(path).removeprefix("file://")) as handle:
+            torch.save(checkpoint, handle)
 
 
 def is_interrupt(exc: BaseException) -> bool:

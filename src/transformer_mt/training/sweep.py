@@ -26,7 +26,6 @@ import io
 import json
 import logging
 import math
-import os
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +35,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+
+from transformer_mt.files import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class JobResult:
 
     def write(self, path: Path) -> None:
         """Write this result as JSON (atomically: a reader never sees half a file)."""
-        _write_atomic(path, json.dumps(asdict(self), indent=2) + "\n")
+        write_text_atomic(path, json.dumps(asdict(self), indent=2) + "\n")
 
 
 def _metric_value(value: Any) -> float | None:
@@ -172,13 +173,6 @@ def _md_cell(text: str) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` in one step: parallel jobs (joblib, submitit) may summarise at once."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
 def write_summary(sweep_dir: Path, maximize: bool = True) -> list[JobResult]:
     """Write ``summary.csv`` and ``summary.md`` into ``sweep_dir``; return the ranked results."""
     results = rank(collect(sweep_dir), maximize=maximize)
@@ -189,7 +183,7 @@ def write_summary(sweep_dir: Path, maximize: bool = True) -> list[JobResult]:
     writer = csv.writer(buffer)
     writer.writerow(header)
     writer.writerows(rows)
-    _write_atomic(sweep_dir / SUMMARY_CSV, buffer.getvalue())
+    write_text_atomic(sweep_dir / SUMMARY_CSV, buffer.getvalue())
     done = sum(r.status == "completed" for r in results)
     lines = [
         f"# Sweep summary: {sweep_dir}",
@@ -205,7 +199,7 @@ def write_summary(sweep_dir: Path, maximize: bool = True) -> list[JobResult]:
     lines.append("| " + " | ".join(md_header) + " |")
     lines.append("|" + "---|" * len(md_header))
     lines += ["| " + " | ".join(_md_cell(c) for c in row[:-1]) + " |" for row in rows]
-    _write_atomic(sweep_dir / SUMMARY_MD, "\n".join(lines) + "\n")
+    write_text_atomic(sweep_dir / SUMMARY_MD, "\n".join(lines) + "\n")
     return results
 
 
