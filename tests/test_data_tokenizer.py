@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import json
 from pathlib import Path
 
 import pytest
 
-from transformer_mt.data.tokenizer import FILENAME, Tokenizer
+from transformer_mt.data.tokenizer import FILENAME, META_FILENAME, TARGET_FILENAME, Tokenizer
 
 MULTI30K = Path(__file__).resolve().parents[1] / "../shared/data/multi30k"
 
@@ -115,3 +116,101 @@ def test_bad_inputs_explain_themselves(tmp_path):
         Tokenizer.load(tmp_path)
     with pytest.raises(ValueError, match="Not a transformer_mt tokenizer"):
         Tokenizer.from_json('{"model": {}}')
+
+
+# ------------------------------------------------------------ standard files, old format
+
+FIXTURE_V1 = Path(__file__).resolve().parent / "fixtures" / "format_v1"
+
+
+def test_saved_tokenizer_json_is_a_standard_tokenizers_file(joint, tmp_path):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    path = joint.save(tmp_path)
+    texts = ["A dog runs.", "Die Männer laufen."]
+    bare = joint.encode_batch(texts)
+    plain = HFTokenizer.from_file(str(path))
+    # The post-processor appends <eos>: exactly the source row the model is trained on.
+    assert [e.ids for e in plain.encode_batch(texts)] == [[*ids, joint.eos_id] for ids in bare]
+    assert joint.encode_batch(texts, add_special_tokens=True) == [
+        [*ids, joint.eos_id] for ids in bare
+    ]
+    assert plain.decode([*bare[0], joint.eos_id]) == texts[0]
+    meta = json.loads((tmp_path / META_FILENAME).read_text())
+    assert (meta["src_lang"], meta["tgt_lang"], meta["joint"]) == ("en", "de", True)
+    assert not (tmp_path / TARGET_FILENAME).exists()
+
+
+def test_transformers_fast_tokenizer_loads_the_file(joint, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    path = joint.save(tmp_path)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(path), pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+    texts = ["A dog runs.", "Die Männer laufen."]
+    assert fast(texts)["input_ids"] == joint.encode_batch(texts, add_special_tokens=True)
+    assert fast.pad_token_id == joint.pad_id and fast.eos_token_id == joint.eos_id
+
+
+def test_template_ids_equal_the_collated_rows(joint):
+    from transformer_mt.data.datamodule import Collate
+
+    texts = ["A dog runs.", "Die Männer laufen im Park."]
+    bare = joint.encode_batch(texts)
+    columns = {"src_ids": bare, "tgt_ids": bare, "index": [0, 1], "src": texts, "tgt": texts}
+    batch = Collate(joint.pad_id, joint.bos_id, joint.eos_id, max_len=50)(columns)
+    with_specials = joint.encode_batch(texts, add_special_tokens=True)
+    for row, ids in zip(batch["src"].tolist(), with_specials):
+        assert row[: len(ids)] == ids and set(row[len(ids) :]) <= {joint.pad_id}
+    for row, ids in zip(batch["tgt"].tolist(), with_specials):  # <bos> = the decoder start
+        assert row[: len(ids) + 1] == [joint.bos_id, *ids]
+
+
+def test_separate_vocabularies_write_a_target_file(lines, tmp_path):
+    src, tgt = lines
+    tok = Tokenizer.train([src], [tgt], vocab_size=600, joint=False, src_lang="en", tgt_lang="de")
+    tok.save(tmp_path)
+    assert (tmp_path / TARGET_FILENAME).is_file()
+    (tmp_path / TARGET_FILENAME).unlink()
+    with pytest.raises(
+        FileNotFoundError, match=r"separate but .*target_tokenizer\.json is missing"
+    ):
+        Tokenizer.load(tmp_path)
+    other = Tokenizer.train([src[:40]], [tgt[:40]], vocab_size=300, joint=False)
+    other.save(tmp_path / "other")
+    (tmp_path / "other" / META_FILENAME).replace(tmp_path / META_FILENAME)
+    tok.save(tmp_path / "again")
+    (tmp_path / "again" / TARGET_FILENAME).replace(tmp_path / TARGET_FILENAME)
+    with pytest.raises(ValueError, match=r"describes vocabularies of sizes .* different runs"):
+        Tokenizer.load(tmp_path)
+
+
+def test_a_bare_standard_file_loads_as_joint(joint, tmp_path):
+    (tmp_path / FILENAME).write_text(joint.src.to_str(), encoding="utf-8")
+    loaded = Tokenizer.load(tmp_path / FILENAME)
+    assert loaded.joint and loaded.src_lang is None
+    assert loaded.encode_batch(["A dog."]) == joint.encode_batch(["A dog."])
+
+
+def test_old_one_file_run_directory_and_checkpoint_still_load(tmp_path):
+    import shutil
+
+    from transformer_mt.checkpoint import load_model
+
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE_V1, run)
+    old_text = (run / FILENAME).read_text(encoding="utf-8")
+    assert json.loads(old_text)["format"] == "transformer_mt.tokenizer"  # really the old format
+    assert json.loads(old_text)["src"]["post_processor"] is None
+    from_dir = Tokenizer.load(run)
+    assert (from_dir.src_lang, from_dir.tgt_lang, from_dir.joint) == ("en", "de", True)
+    loaded = load_model(run / "model.ckpt")
+    texts = ["A man runs.", "Zwei Hunde."]
+    bare = loaded.tokenizer.encode_batch(texts)
+    assert bare == from_dir.encode_batch(texts)
+    assert loaded.tokenizer.encode_batch(texts, add_special_tokens=True) == [
+        [*ids, 2] for ids in bare
+    ]
+    # Saving it again writes the standard files, which load to the same ids.
+    loaded.tokenizer.save(tmp_path / "new")
+    assert Tokenizer.load(tmp_path / "new").encode_batch(texts) == bare

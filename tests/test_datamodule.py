@@ -109,8 +109,9 @@ def test_ranks_from_trainer_get_disjoint_batches(dm, monkeypatch):
 
 
 def test_tokenizer_is_reused_from_work_dir(tmp_path, caplog):
-    numbers_dm(tmp_path).setup()
-    saved = (tmp_path / "run" / "tokenizer.json").read_text()
+    first = numbers_dm(tmp_path)
+    first.setup()
+    saved = first.tokenizer.to_json()
     with caplog.at_level(logging.INFO, logger="transformer_mt.data.datamodule"):
         again = numbers_dm(tmp_path)
         again.setup()

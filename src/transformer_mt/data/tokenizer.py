@@ -12,11 +12,27 @@ A *joint* vocabulary (the default) is trained on source and target text
 together, so source and target embeddings can be shared (the paper ties
 them); *separate* vocabularies are two tokenizers, one per side.
 
-:class:`Tokenizer` serialises to one JSON string (``to_json``) that holds the
-standard ``tokenizers`` JSON of each side plus metadata (languages, training
-settings). That string can live inside a checkpoint loaded with
-``torch.load(weights_only=True)``; ``save(dir)`` writes it as
-``dir/tokenizer.json``.
+Each side carries a ``TemplateProcessing`` post-processor that appends
+``<eos>``: ``encode(text)`` with special tokens gives exactly the source row
+the model is trained on (``ids + <eos>``) and the target labels; ``<bos>`` is
+the decoder's start token (``decoder_start_token_id`` in Hugging Face terms),
+so a target row ``<bos> + ids + <eos>`` is the start token followed by the
+labels, as in every Hugging Face sequence-to-sequence model.
+
+Two serialisations:
+
+* ``save(dir)`` writes standard files other tools read:
+  ``dir/tokenizer.json`` (the source side, or the joint vocabulary), a plain
+  ``tokenizers`` file that ``tokenizers.Tokenizer.from_file`` and
+  ``transformers.PreTrainedTokenizerFast(tokenizer_file=...)`` load;
+  ``dir/target_tokenizer.json`` (separate vocabularies only); and our
+  metadata (languages, joint or not, training settings) in the small
+  ``dir/tokenizer_meta.json``.
+* ``to_json()`` is one JSON string with both sides and the metadata, for the
+  checkpoint (a plain string loads with ``torch.load(weights_only=True)``).
+
+``load`` reads both, and the one-file format earlier versions wrote as
+``tokenizer.json`` (the ``to_json`` string), so old run directories still work.
 """
 
 from __future__ import annotations
@@ -29,7 +45,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from transformer_mt.files import write_text_atomic
 
@@ -40,7 +56,12 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # their index is their id
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
 #: Smallest useful vocabulary: the specials plus the 256 byte symbols.
 MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256
+#: Standard ``tokenizers`` file of the source side (the joint vocabulary when joint).
 FILENAME = "tokenizer.json"
+#: Standard ``tokenizers`` file of the target side, written only for separate vocabularies.
+TARGET_FILENAME = "target_tokenizer.json"
+#: Our metadata beside the standard files: languages, joint or not, training settings.
+META_FILENAME = "tokenizer_meta.json"
 FORMAT = "transformer_mt.tokenizer"
 VERSION = 1
 
@@ -81,6 +102,20 @@ def train_bpe(
     tokenizer.train_from_iterator(texts, trainer=trainer)
     for token_id, token in enumerate(SPECIAL_TOKENS):
         assert tokenizer.token_to_id(token) == token_id, "special-token ids must be fixed"
+    return add_eos_post_processor(tokenizer)
+
+
+def add_eos_post_processor(tokenizer: HFTokenizer) -> HFTokenizer:
+    """Make ``encode(text)`` (special tokens on) return ``ids + <eos>``, in place.
+
+    The pair template (``A <eos> B <eos>``) exists so that libraries which encode pairs do not
+    fail; this project never encodes pairs.
+    """
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"$A {EOS}",
+        pair=f"$A {EOS} $B:1 {EOS}:1",
+        special_tokens=[(EOS, EOS_ID)],
+    )
     return tokenizer
 
 
@@ -91,8 +126,11 @@ class Tokenizer:
     """Source and target BPE tokenizers behind one interface.
 
     With a joint vocabulary ``src`` and ``tgt`` are the same object. Encoding
-    returns bare subword ids (no ``<bos>``/``<eos>``: the data module adds
-    them); decoding stops at the first ``<eos>`` and drops special tokens.
+    returns bare subword ids by default (the collate function truncates, then
+    appends ``<eos>``, which gives the same ids as the post-processor on rows
+    that fit); decoding stops at the first ``<eos>`` and drops special tokens.
+    Tokenizers without the ``<eos>`` post-processor (read from an old
+    checkpoint) get it on construction.
 
     Args:
         src: Tokenizer of the source side.
@@ -128,6 +166,8 @@ class Tokenizer:
                         f"The {side} tokenizer maps {token} to {tok.token_to_id(token)}, "
                         f"expected {token_id}; train it with Tokenizer.train."
                     )
+            if tok.post_processor is None:
+                add_eos_post_processor(tok)
 
     # ------------------------------------------------------------------ training
 
@@ -193,9 +233,13 @@ class Tokenizer:
 
     # --------------------------------------------------------- encode / decode
 
-    def encode_batch(self, texts: Sequence[str], side: Side = "src") -> list[list[int]]:
-        """Subword ids of each text, without ``<bos>``/``<eos>``."""
-        encodings = self._side(side).encode_batch(list(texts), add_special_tokens=False)
+    def encode_batch(
+        self, texts: Sequence[str], side: Side = "src", add_special_tokens: bool = False
+    ) -> list[list[int]]:
+        """Subword ids of each text: bare, or ``ids + <eos>`` with ``add_special_tokens``."""
+        encodings = self._side(side).encode_batch(
+            list(texts), add_special_tokens=add_special_tokens
+        )
         return [e.ids for e in encodings]
 
     def decode_batch(self, ids: Sequence[Sequence[int]], side: Side = "tgt") -> list[str]:
@@ -232,9 +276,9 @@ class Tokenizer:
 
     # ------------------------------------------------------------ serialisation
 
-    def to_json(self) -> str:
-        """One JSON string: metadata plus each side's ``tokenizers`` JSON."""
-        payload = {
+    def metadata(self) -> dict[str, Any]:
+        """Everything but the vocabularies: format, languages, joint or not, training settings."""
+        return {
             "format": FORMAT,
             "version": VERSION,
             "src_lang": self.src_lang,
@@ -242,6 +286,12 @@ class Tokenizer:
             "joint": self.joint,
             "config": self.config,
             "special_tokens": list(SPECIAL_TOKENS),
+        }
+
+    def to_json(self) -> str:
+        """One JSON string: metadata plus each side's ``tokenizers`` JSON (for checkpoints)."""
+        payload = {
+            **self.metadata(),
             "src": json.loads(self.src.to_str()),
             "tgt": None if self.joint else json.loads(self.tgt.to_str()),
         }
@@ -254,20 +304,13 @@ class Tokenizer:
         Raises:
             ValueError: the string is not a tokenizer written by ``to_json``.
         """
-        try:
-            payload = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"Tokenizer JSON is not valid JSON: {err}") from None
-        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        payload = _parse(text, "Tokenizer JSON")
+        if payload.get("format") != FORMAT:
             raise ValueError(
                 f"Not a transformer_mt tokenizer (expected format {FORMAT!r}); "
                 "write it with Tokenizer.save or Tokenizer.to_json."
             )
-        if payload.get("version") != VERSION:
-            raise ValueError(
-                f"Tokenizer format version {payload.get('version')} is not supported "
-                f"(this code reads version {VERSION})."
-            )
+        _check_version(payload)
         src = HFTokenizer.from_str(json.dumps(payload["src"]))
         tgt = None if payload["tgt"] is None else HFTokenizer.from_str(json.dumps(payload["tgt"]))
         return cls(
@@ -275,17 +318,38 @@ class Tokenizer:
         )
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Write ``directory/tokenizer.json`` (both sides in one file); return its path."""
-        path = Path(directory) / FILENAME
-        write_text_atomic(path, self.to_json())  # a concurrent reader never sees half a file
+        """Write the standard files and the metadata into ``directory``; return ``tokenizer.json``.
+
+        ``tokenizer.json`` (and ``target_tokenizer.json`` for separate vocabularies) are plain
+        ``tokenizers`` files; ``tokenizer_meta.json`` holds :meth:`metadata`. Each file is
+        replaced atomically; the metadata goes last, and :meth:`load` checks that the
+        vocabulary files match it.
+        """
+        directory = Path(directory)
+        path = directory / FILENAME
+        write_text_atomic(path, self.src.to_str())  # a concurrent reader never sees half a file
+        target = directory / TARGET_FILENAME
+        if not self.joint:
+            write_text_atomic(target, self.tgt.to_str())
+        meta = {
+            **self.metadata(),
+            "files": {"src": FILENAME, "tgt": FILENAME if self.joint else TARGET_FILENAME},
+            "vocab_sizes": {"src": self.src_vocab_size, "tgt": self.tgt_vocab_size},
+        }
+        write_text_atomic(directory / META_FILENAME, json.dumps(meta, indent=2) + "\n")
         return path
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Tokenizer:
-        """Read a tokenizer from a directory (its ``tokenizer.json``) or a file.
+        """Read a tokenizer from a directory or from its ``tokenizer.json``.
+
+        Reads what :meth:`save` writes (standard files + ``tokenizer_meta.json``), the
+        one-file format of earlier versions, and a bare standard ``tokenizer.json`` without
+        metadata (taken as a joint vocabulary of unknown languages).
 
         Raises:
             FileNotFoundError: no tokenizer there.
+            ValueError: unreadable, or the files do not belong together.
         """
         path = Path(path)
         if path.is_dir():
@@ -295,13 +359,64 @@ class Tokenizer:
                 f"No tokenizer at {path}; train one (it is written to the run directory "
                 "on the first run) or point at a directory holding tokenizer.json."
             )
-        return cls.from_json(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        payload = _parse(text, str(path))
+        if payload.get("format") == FORMAT:  # the one-file format of earlier versions
+            return cls.from_json(text)
+        if "model" not in payload:
+            raise ValueError(
+                f"{path} is neither a tokenizers file nor a transformer_mt tokenizer; point at "
+                "the tokenizer.json a training run wrote."
+            )
+        src = HFTokenizer.from_str(text)
+        meta_path = path.parent / META_FILENAME
+        if not meta_path.is_file():
+            log.warning("%s has no %s beside it: assuming a joint vocabulary", path, META_FILENAME)
+            return cls(src)
+        meta = _parse(meta_path.read_text(encoding="utf-8"), str(meta_path))
+        _check_version(meta)
+        tgt = None
+        if not meta.get("joint", True):
+            target = path.parent / TARGET_FILENAME
+            if not target.is_file():
+                raise FileNotFoundError(
+                    f"{meta_path} says the vocabularies are separate but {target} is missing; "
+                    "copy the whole tokenizer directory (tokenizer*.json, target_tokenizer.json)."
+                )
+            tgt = HFTokenizer.from_file(str(target))
+        tokenizer = cls(src, tgt, meta.get("src_lang"), meta.get("tgt_lang"), meta.get("config"))
+        sizes = meta.get("vocab_sizes") or {}
+        have = {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size}
+        if sizes and sizes != have:
+            raise ValueError(
+                f"{meta_path} describes vocabularies of sizes {sizes} but the files beside it "
+                f"have {have}; the files come from different runs: copy them together."
+            )
+        return tokenizer
 
     def __repr__(self) -> str:
         kind = "joint" if self.joint else "separate"
         return (
             f"Tokenizer({self.src_lang}->{self.tgt_lang}, {kind}, "
             f"src_vocab_size={self.src_vocab_size}, tgt_vocab_size={self.tgt_vocab_size})"
+        )
+
+
+def _parse(text: str, where: str) -> dict[str, Any]:
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{where} is not valid JSON: {err}") from None
+    if not isinstance(payload, dict):
+        raise ValueError(f"{where} is not a JSON object; it is not a tokenizer file.")
+    return payload
+
+
+def _check_version(payload: dict[str, Any]) -> None:
+    if payload.get("version") != VERSION:
+        raise ValueError(
+            f"Tokenizer format version {payload.get('version')} is not supported "
+            f"(this code reads version {VERSION})."
         )
 
 
