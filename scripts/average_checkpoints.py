@@ -15,12 +15,9 @@ import argparse
 import logging
 import sys
 
-from transformer_mt.checkpoint import (
-    CheckpointError,
-    average_checkpoints,
-    save_checkpoint,
-    select_checkpoints,
-)
+from transformer_mt.checkpoint import CheckpointError, save_checkpoint
+from transformer_mt.cli import EXIT_USER_ERROR, one_line
+from transformer_mt.inference.averaging import average_checkpoints, select_checkpoints
 
 log = logging.getLogger("average_checkpoints")
 
@@ -46,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         averaged = average_checkpoints(paths)
         out = save_checkpoint(averaged, args.output)
     except (CheckpointError, OSError) as err:
-        print(f"average_checkpoints: error: {err}", file=sys.stderr)
-        return 1
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        return EXIT_USER_ERROR
     log.info("averaged %d checkpoints into %s", len(paths), out)
     return 0
 

@@ -1,4 +1,4 @@
-"""Safe checkpoint loading and its errors; averaging checkpoints."""
+"""The checkpoint format (write, safe read, build model) and its errors; averaging checkpoints."""
 
 from __future__ import annotations
 
@@ -10,16 +10,20 @@ import torch
 
 from test_evaluate import DATA_OVERRIDES, best_checkpoint, evaluate, train_tiny_run
 from transformer_mt.checkpoint import (
+    CHECKPOINT_KEY,
     CheckpointError,
     UnsafeCheckpointError,
-    average_checkpoints,
     load_checkpoint,
     load_model,
     save_checkpoint,
-    select_checkpoints,
+    write_metadata,
 )
 from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.inference.averaging import average_checkpoints, select_checkpoints
 from transformer_mt.inference.translate import main as translate_main
+from transformer_mt.model.transformer import Transformer
+
+from conftest import tiny_config
 
 
 class Touch:
@@ -40,6 +44,45 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def ckpt(run_dir: Path) -> Path:
     return best_checkpoint(run_dir)
+
+
+def test_written_format_round_trips(tmp_path: Path) -> None:
+    """What write_metadata puts in, load_model reads back: model, tokenizer, languages, options."""
+    tokenizer = Tokenizer.train([["a b c d e f", "g h i"]], [["a b c", "d e"]], vocab_size=270)
+    config = tiny_config(
+        src_vocab_size=tokenizer.src_vocab_size,
+        tgt_vocab_size=tokenizer.tgt_vocab_size,
+        pad_id=tokenizer.pad_id,
+    )
+    model = Transformer(config)
+    checkpoint = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}
+    entry = write_metadata(
+        checkpoint,
+        config,
+        tokenizer,
+        src_lang="en",
+        tgt_lang="de",
+        decoding={"beam_size": 3},
+        data={"source": "generated"},
+    )
+    assert checkpoint[CHECKPOINT_KEY] is entry
+    loaded = load_model(save_checkpoint(checkpoint, tmp_path / "written.ckpt"))
+    assert loaded.config == config
+    assert (loaded.src_lang, loaded.tgt_lang) == ("en", "de")
+    assert loaded.decoding == {"beam_size": 3} and loaded.data == {"source": "generated"}
+    assert loaded.tokenizer.to_json() == tokenizer.to_json()
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[key], value), key
+
+
+def test_trainer_writes_the_format(ckpt: Path) -> None:
+    """The training module writes its checkpoints through write_metadata, plus its RNG state."""
+    written = load_checkpoint(ckpt)[CHECKPOINT_KEY]
+    config = load_model(ckpt).config
+    expected = write_metadata({}, config, Tokenizer.from_json(written["tokenizer"]))
+    assert set(written) == set(expected) | {"torch_rng_state"}
+    assert written["model_config"] == expected["model_config"]
+    assert written["format"] == expected["format"]
 
 
 def test_malicious_checkpoint_is_refused(ckpt: Path, tmp_path: Path, capsys) -> None:
@@ -102,6 +145,9 @@ def test_average_of_copies_is_identity(ckpt: Path, tmp_path: Path) -> None:
     original = load_checkpoint(ckpt)["state_dict"]
     for key, value in original.items():
         assert torch.equal(averaged["state_dict"][key], value), key
+    # The average is no training run: it names its sources and carries no resume state.
+    assert averaged[CHECKPOINT_KEY]["averaged_from"] == [str(ckpt), str(ckpt)]
+    assert "torch_rng_state" not in averaged[CHECKPOINT_KEY]
 
 
 def test_average_of_two_is_the_mean(run_dir: Path, tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ def is_png(path: Path) -> bool:
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_average_checkpoints_script(run_dir: Path, tmp_path: Path) -> None:
+def test_average_checkpoints_script(run_dir: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "avg.ckpt"
     assert script("average_checkpoints").main([str(run_dir), "--last", "2", "-o", str(out)]) == 0
     assert load_model(out).config.d_model == 32
@@ -43,7 +43,9 @@ def test_average_checkpoints_script(run_dir: Path, tmp_path: Path) -> None:
     )
     a, b = load_checkpoint(ckpt)["state_dict"], load_checkpoint(copy)["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert script("average_checkpoints").main([str(run_dir), "--best", "50", "-o", str(out)]) == 1
+    assert script("average_checkpoints").main([str(run_dir), "--best", "50", "-o", str(out)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.startswith("error: ") and "fewer than the 50 asked for" in line
 
 
 def test_plot_attention(run_dir: Path, tmp_path: Path) -> None:

@@ -1,24 +1,28 @@
-"""Checkpoints: safe loading, rebuilding a model from one file, and averaging.
+"""The one checkpoint format: its keys, the writing side, the safe read and build-model.
 
-A checkpoint is a file from a stranger. Every load in this project goes through
-:func:`load_checkpoint`, which calls ``torch.load(weights_only=True)``: tensors and plain
-containers only, so a crafted file cannot run code while it is read. Everything needed to
-translate (model config, tokenizer, languages, decoding options) sits in the checkpoint under
-``"transformer_mt"`` as plain types (see ``TranslationModule.on_save_checkpoint``).
+A checkpoint is Lightning's dictionary (``state_dict`` holds the :class:`Transformer`'s
+parameters under ``model.``) plus one entry of plain types that makes it self-contained,
+``checkpoint["transformer_mt"]``, written by :func:`write_metadata`: ``format``
+(:data:`CHECKPOINT_FORMAT`; a reader refuses any other), ``model_config``, ``tokenizer`` (its
+JSON), ``src_lang``, ``tgt_lang``, ``decoding`` (search options of validation/test BLEU) and
+``data`` (the resolved data config of training). The training module adds its resume state
+(``torch_rng_state``) beside them; :mod:`transformer_mt.inference.averaging` adds
+``averaged_from``.
 
-Errors are :class:`CheckpointError` (a ``ValueError``) with one line that names the file, the
-cause and the fix.
+A checkpoint is a file from a stranger: every load goes through :func:`load_checkpoint`,
+``torch.load(weights_only=True)`` (tensors and plain containers only, so a crafted file cannot
+run code while it is read), and :func:`build_model` checks that weights, config and tokenizer
+fit. Errors are :class:`CheckpointError` (a ``ValueError``): one line with the file, the cause
+and the fix.
 """
 
 from __future__ import annotations
 
-import copy
-import logging
-import math
 import os
 import pickle
 import re
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,16 +33,11 @@ from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.files import atomic_write
 from transformer_mt.model.transformer import ModelConfig, Transformer
 
-log = logging.getLogger(__name__)
-
 #: Key of this project's metadata inside a Lightning checkpoint, and its format version.
 CHECKPOINT_KEY = "transformer_mt"
 CHECKPOINT_FORMAT = 1
 #: Lightning prefixes the model's parameter names with the module attribute name.
 STATE_PREFIX = "model."
-
-_STEP_RE = re.compile(r"step[=_-]?(\d+)")
-_BLEU_RE = re.compile(r"bleu[=_-]?(\d+(?:\.\d+)?)")
 
 
 class CheckpointError(ValueError):
@@ -53,16 +52,47 @@ class UnsafeCheckpointError(CheckpointError):
     """The file holds pickled Python objects that ``weights_only`` loading refuses."""
 
 
+def write_metadata(
+    checkpoint: dict[str, Any],
+    config: ModelConfig,
+    tokenizer: Tokenizer | None,
+    *,
+    src_lang: str | None = None,
+    tgt_lang: str | None = None,
+    decoding: Mapping[str, Any] | None = None,
+    data: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Put this project's entry into ``checkpoint``: the writing side of the format.
+
+    Everything needed to translate with the checkpoint alone, as plain types (it must load with
+    ``weights_only=True``). Returns the entry, where a caller may add state of its own.
+    """
+    entry: dict[str, Any] = {
+        "format": CHECKPOINT_FORMAT,
+        "model_config": config.to_dict(),
+        "tokenizer": tokenizer.to_json() if tokenizer is not None else None,
+        "src_lang": src_lang,
+        "tgt_lang": tgt_lang,
+        "decoding": dict(decoding or {}),
+        "data": dict(data) if data is not None else None,
+    }
+    checkpoint[CHECKPOINT_KEY] = entry
+    return entry
+
+
+def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write ``checkpoint`` atomically and durably (:func:`transformer_mt.files.atomic_write`)."""
+    path = Path(path)
+    with atomic_write(path) as handle:
+        torch.save(checkpoint, handle)
+    return path
+
+
 def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
     """Read a checkpoint file safely: ``torch.load(weights_only=True)``, nothing else.
 
-    Args:
-        path: a ``.ckpt`` file written by Lightning (``train.py``) or
-            :func:`save_checkpoint`.
-        map_location: where tensors go (``"cpu"`` by default; move the model afterwards).
-
-    Returns:
-        The checkpoint dictionary.
+    ``path`` is a ``.ckpt`` file written by ``train.py`` or :func:`save_checkpoint`; tensors go
+    to ``map_location``. Returns the checkpoint dictionary.
 
     Raises:
         CheckpointNotFoundError: no file at ``path``.
@@ -104,9 +134,7 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
             ) from None
         raise _not_a_checkpoint(path, err) from None
     except EOFError:
-        raise CheckpointError(
-            f"checkpoint {path} is empty or truncated; copy it again or use another checkpoint"
-        ) from None
+        raise CheckpointError(f"checkpoint {path} is empty or truncated; copy it again") from None
     except Exception as err:  # any other unpickling failure: not a torch file at all
         raise _not_a_checkpoint(path, err) from None
     _check_zip_integrity(path)
@@ -148,12 +176,8 @@ def _check_zip_integrity(path: Path) -> None:
 
 def model_state_dict(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The :class:`Transformer`'s parameters, without Lightning's ``model.`` prefix."""
-    state = checkpoint["state_dict"]
-    return {
-        key[len(STATE_PREFIX) :]: value
-        for key, value in state.items()
-        if key.startswith(STATE_PREFIX)
-    }
+    n = len(STATE_PREFIX)
+    return {k[n:]: v for k, v in checkpoint["state_dict"].items() if k.startswith(STATE_PREFIX)}
 
 
 def metadata(checkpoint: dict[str, Any], path: str | os.PathLike[str] = "?") -> dict[str, Any]:
@@ -236,10 +260,8 @@ def build_model(
         )
 
     model = Transformer(config)
-    state = model_state_dict(checkpoint)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
+    state, expected = model_state_dict(checkpoint), model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
             f"{path} does not fit the model its config describes: {len(missing)} missing "
@@ -249,11 +271,8 @@ def build_model(
         )
     for key, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[key].shape):
-            vocab_hint = (
-                " (a vocabulary size mismatch between tokenizer and weights)"
-                if "embedding" in key or "generator" in key
-                else ""
-            )
+            vocab = "embedding" in key or "generator" in key
+            vocab_hint = " (tokenizer and weights disagree on the vocabulary)" if vocab else ""
             raise CheckpointError(
                 f"{path}: parameter {key} has shape {tuple(tensor.shape)} but the model config "
                 f"needs {tuple(expected[key].shape)}{vocab_hint}; the weights and the config "
@@ -279,162 +298,3 @@ def build_model(
 def load_model(path: str | os.PathLike[str], device: str = "cpu") -> LoadedModel:
     """:func:`load_checkpoint` then :func:`build_model`: a checkpoint file to a usable model."""
     return build_model(load_checkpoint(path), path, device)
-
-
-def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Write ``checkpoint`` atomically and durably (:func:`transformer_mt.files.atomic_write`)."""
-    path = Path(path)
-    with atomic_write(path) as handle:
-        torch.save(checkpoint, handle)
-    return path
-
-
-# ----------------------------------------------------------------------------- averaging
-
-
-def average_checkpoints(paths: list[str | os.PathLike[str]]) -> dict[str, Any]:
-    """Average the parameters of several checkpoints of one model into a new checkpoint.
-
-    Floating-point tensors are averaged (in float64, then cast back); integer buffers must be
-    equal and are kept. Metadata (model config, tokenizer, languages, decoding, data) comes
-    from the first checkpoint; training state (optimizer, loops, callbacks) is dropped, so the
-    result evaluates and translates but does not resume training.
-
-    Raises:
-        CheckpointError: no paths, or checkpoints of different models or tokenizers.
-    """
-    if not paths:
-        raise CheckpointError("no checkpoints to average; pass at least one")
-    first_path = Path(paths[0])
-    first = load_checkpoint(first_path)
-    first_meta = metadata(first, first_path)
-    build_model(first, first_path)  # validates the first checkpoint fully
-    sums = {
-        k: v.to(torch.float64) if v.is_floating_point() else v
-        for k, v in first["state_dict"].items()
-    }
-    steps = [first.get("global_step")]
-    for p in paths[1:]:
-        ckpt = load_checkpoint(p)
-        meta = metadata(ckpt, p)
-        for key in ("model_config", "tokenizer"):
-            if meta.get(key) != first_meta.get(key):
-                raise CheckpointError(
-                    f"cannot average {p} with {first_path}: their {key.replace('_', ' ')}s "
-                    "differ; average checkpoints of one training run"
-                )
-        state = ckpt["state_dict"]
-        if set(state) != set(sums):
-            raise CheckpointError(
-                f"cannot average {p} with {first_path}: different parameter names; average "
-                "checkpoints of one training run"
-            )
-        for key, value in state.items():
-            if value.is_floating_point():
-                sums[key] += value.to(torch.float64)
-            elif not torch.equal(value, sums[key]):
-                raise CheckpointError(
-                    f"cannot average {p} with {first_path}: integer buffer {key} differs"
-                )
-        steps.append(ckpt.get("global_step"))
-    n = len(paths)
-    reference = first["state_dict"]
-    averaged = {
-        k: (v / n).to(reference[k].dtype) if v.is_floating_point() else v for k, v in sums.items()
-    }
-    meta = copy.deepcopy(first_meta)
-    meta["averaged_from"] = [str(p) for p in paths]
-    return {
-        "state_dict": averaged,
-        "global_step": max((s for s in steps if s is not None), default=0),
-        "epoch": first.get("epoch"),
-        "hyper_parameters": copy.deepcopy(first.get("hyper_parameters", {})),
-        "pytorch-lightning_version": first.get("pytorch-lightning_version"),
-        CHECKPOINT_KEY: meta,
-    }
-
-
-@dataclass
-class CheckpointInfo:
-    """A checkpoint file of a run with its step and validation score (``None`` if unknown)."""
-
-    path: Path
-    step: int | None
-    score: float | None
-
-
-def _score_from_callbacks(checkpoint: dict[str, Any]) -> float | None:
-    """``val/bleu`` of this checkpoint as ModelCheckpoint recorded it (``current_score``)."""
-    for key, state in (checkpoint.get("callbacks") or {}).items():
-        if str(key).startswith("ModelCheckpoint") and isinstance(state, dict):
-            if state.get("monitor") not in (None, "val/bleu"):
-                continue
-            score = state.get("current_score")
-            if score is not None:
-                value = float(score)
-                return value if math.isfinite(value) else None
-    return None
-
-
-def run_checkpoints(run_dir: str | os.PathLike[str]) -> list[CheckpointInfo]:
-    """The checkpoints of a run directory (``<run_dir>/checkpoints/*.ckpt`` or ``*.ckpt``).
-
-    The step and val/bleu come from the file name (``...-step000120-bleu12.34.ckpt``); where
-    the name lacks them, from the checkpoint itself (``global_step`` and the ModelCheckpoint
-    callback state). ``last.ckpt`` is skipped when another file holds the same step.
-    """
-    run_dir = Path(run_dir)
-    folder = run_dir / "checkpoints" if (run_dir / "checkpoints").is_dir() else run_dir
-    if not folder.is_dir():
-        raise CheckpointNotFoundError(
-            f"run directory {run_dir} does not exist; pass the directory train.py wrote "
-            "(it holds checkpoints/)"
-        )
-    infos: list[CheckpointInfo] = []
-    for path in sorted(folder.glob("*.ckpt")):
-        step_match, bleu_match = _STEP_RE.search(path.name), _BLEU_RE.search(path.name)
-        step = int(step_match.group(1)) if step_match else None
-        score = float(bleu_match.group(1)) if bleu_match else None
-        if step is None or score is None:
-            checkpoint = load_checkpoint(path)
-            if step is None and checkpoint.get("global_step") is not None:
-                step = int(checkpoint["global_step"])
-            if score is None:
-                score = _score_from_callbacks(checkpoint)
-        infos.append(CheckpointInfo(path, step, score))
-    # One file per step: last.ckpt and the "best" and "recent" callbacks may save one step
-    # twice; prefer a named file, and one whose score is known.
-    unique: dict[Any, CheckpointInfo] = {}
-    for info in sorted(infos, key=lambda i: (i.path.name == "last.ckpt", i.score is None)):
-        unique.setdefault(info.step if info.step is not None else info.path, info)
-    infos = sorted(unique.values(), key=lambda i: (i.step or 0, i.path.name))
-    if not infos:
-        raise CheckpointNotFoundError(
-            f"no .ckpt files in {folder}; train first (python train.py) or pass another run"
-        )
-    return infos
-
-
-def select_checkpoints(run_dir: str | os.PathLike[str], n: int, mode: str = "last") -> list[Path]:
-    """The ``n`` latest (``mode="last"``, by step) or best (``"best"``, by val/bleu) checkpoints.
-
-    Raises:
-        CheckpointError: ``n`` < 1, an unknown mode, or fewer than ``n`` usable checkpoints.
-    """
-    if n < 1:
-        raise CheckpointError(f"number of checkpoints to average must be >= 1, got {n}")
-    if mode not in ("last", "best"):
-        raise CheckpointError(f"mode must be 'last' or 'best', got {mode!r}")
-    infos = run_checkpoints(run_dir)
-    key_name = "step" if mode == "last" else "score"
-    usable = [i for i in infos if getattr(i, key_name) is not None]
-    if len(usable) < n:
-        raise CheckpointError(
-            f"{run_dir} has {len(usable)} checkpoints with a known {key_name} "
-            f"({', '.join(i.path.name for i in usable) or 'none'}), fewer than the {n} asked "
-            "for; ask for fewer, or train with callbacks.model_checkpoint.save_top_k=N"
-        )
-    usable.sort(key=lambda i: (getattr(i, key_name), i.step or 0), reverse=True)
-    chosen = usable[:n]
-    log.info("averaging the %s %d: %s", mode, n, ", ".join(f"{i.path.name}" for i in chosen))
-    return [i.path for i in chosen]

@@ -17,7 +17,7 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
-from transformer_mt.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_KEY
+from transformer_mt.checkpoint import CHECKPOINT_KEY, write_metadata
 from transformer_mt.cli import NonFiniteLossError
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.inference.metrics import corpus_scores
@@ -266,19 +266,19 @@ class TranslationModule(pl.LightningModule):
     # ------------------------------------------------------------------ checkpoints
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Everything needed to translate with this checkpoint alone, as plain types.
-        checkpoint[CHECKPOINT_KEY] = {
-            "format": CHECKPOINT_FORMAT,
-            "model_config": self.config.to_dict(),
-            "tokenizer": self.tokenizer.to_json() if self.tokenizer is not None else None,
-            "src_lang": self.src_lang,
-            "tgt_lang": self.tgt_lang,
-            "decoding": dict(self.hparams.decoding or {}),
-            "data": self.data_config,
-        }
+        # Everything needed to translate with this checkpoint alone (the format of checkpoint.py).
+        extra = write_metadata(
+            checkpoint,
+            self.config,
+            self.tokenizer,
+            src_lang=self.src_lang,
+            tgt_lang=self.tgt_lang,
+            decoding=self.hparams.decoding,
+            data=self.data_config,
+        )
         # Dropout draws from the global RNG: saving its state makes a resumed run continue
         # with the same random stream as an uninterrupted one (Lightning does not save it).
-        checkpoint[CHECKPOINT_KEY]["torch_rng_state"] = torch.get_rng_state()
+        extra["torch_rng_state"] = torch.get_rng_state()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         extra = checkpoint.get(CHECKPOINT_KEY) or {}
