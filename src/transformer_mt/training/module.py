@@ -23,6 +23,7 @@ from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.inference.metrics import corpus_scores
 from transformer_mt.inference.search import SearchConfig, generate
 from transformer_mt.model.transformer import ModelConfig, Transformer
+from transformer_mt.training.budget import find_budget
 from transformer_mt.training.loss import label_smoothed_loss
 from transformer_mt.training.schedules import SCHEDULES, lr_factor
 
@@ -39,8 +40,9 @@ class TranslationModule(pl.LightningModule):
             parameters; its ``lr`` is the peak learning rate.
         warmup_steps: linear warmup length (optimizer steps).
         lr_schedule: what follows the warmup (:func:`lr_factor`): ``inverse_sqrt`` (the
-            paper), or ``linear``/``cosine`` decay to zero at the trainer's last step
-            (``max_epochs`` or ``max_steps``; made for fixed budgets).
+            paper), or ``linear``/``cosine`` decay to zero at the end of the budget the trainer
+            states: ``max_time`` (wall clock, via :class:`TrainingBudget`), ``max_steps`` or
+            ``max_epochs``, whichever ends first.
         label_smoothing: epsilon of label smoothing (the paper's 0.1).
         decoding: :class:`SearchConfig` fields for validation/test BLEU.
         num_examples: example translations logged at each validation.
@@ -149,11 +151,18 @@ class TranslationModule(pl.LightningModule):
         warmup = int(self.hparams.warmup_steps)
         schedule = str(self.hparams.get("lr_schedule", "inverse_sqrt"))
         total = self._planned_steps() if schedule != "inverse_sqrt" else None
-        lr_factor(1, warmup, schedule, total)  # a bad horizon fails here, before training
-        # LambdaLR counts from 0 before the first step; the paper's step counter starts at 1.
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_factor(step + 1, warmup, schedule, total)
-        )
+        # A wall-clock budget (trainer.max_time) is a horizon too: see training/budget.py.
+        budget = find_budget(self._trainer)
+        timed = budget is not None and budget.seconds is not None
+
+        def factor(step: int) -> float:
+            # LambdaLR counts from 0 before the first step; the paper's counter starts at 1.
+            progress = budget.progress(step + 1, warmup) if timed and budget else None
+            return lr_factor(step + 1, warmup, schedule, total, progress)
+
+        # A run without any budget fails here, before training.
+        lr_factor(1, warmup, schedule, total, 0.0 if timed else None)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer_mt.cli import NonFiniteLossError, TrainingInterrupted, UserError
 from transformer_mt.model.transformer import ModelConfig
+from transformer_mt.training.budget import TrainingBudget
 from transformer_mt.training.callbacks import AtomicCheckpointIO, is_interrupt
 from transformer_mt.training.module import TranslationModule
 
@@ -102,6 +103,8 @@ def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
         model_config.tgt_vocab_size,
     )
     callbacks = _instantiate_all(cfg.get("callbacks"))
+    if not any(isinstance(cb, TrainingBudget) for cb in callbacks):
+        callbacks.append(TrainingBudget())  # trainer.max_time becomes the lr horizon
     loggers = _instantiate_all(cfg.get("logger"))
     # Checkpoints are written to a temp file next to the target and renamed: kill -9 at any
     # moment leaves the previous last.ckpt intact (see transformer_mt.training.callbacks).

@@ -24,34 +24,60 @@ def inverse_sqrt_schedule(step: int, warmup_steps: int) -> float:
 SCHEDULES = ("inverse_sqrt", "linear", "cosine")
 
 
-def lr_factor(step: int, warmup_steps: int, schedule: str, total_steps: int | None) -> float:
+def decay(schedule: str, progress: float) -> float:
+    """Factor after the warmup at ``progress`` in [0, 1] of the budget: 1 at 0, 0 at 1."""
+    progress = min(max(progress, 0.0), 1.0)
+    if schedule == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def lr_factor(
+    step: int,
+    warmup_steps: int,
+    schedule: str,
+    total_steps: int | None,
+    time_progress: float | None = None,
+) -> float:
     """Learning-rate factor (peak 1.0) at optimizer step ``step`` (counted from 1).
 
     ``inverse_sqrt`` is the paper's schedule (:func:`inverse_sqrt_schedule`) and needs no
-    horizon. ``linear`` and ``cosine`` share its linear warmup, then decay towards 0, reached
-    just after step ``total_steps``: for a fixed budget, decaying to zero by the end trains
-    better than a schedule still at a third of its peak when the budget runs out (Li et al.,
-    2020, "Budgeted Training: Rethinking Deep Neural Network Training Under Resource
-    Constraints").
+    horizon. ``linear`` and ``cosine`` share its linear warmup, then decay towards 0 over the
+    budget the user stated, in the unit they stated it: for a fixed budget, decaying to zero by
+    the end trains better than a schedule still at a third of its peak when the budget runs out
+    (Li et al., 2020, "Budgeted Training: Rethinking Deep Neural Network Training Under
+    Resource Constraints").
+
+    Args:
+        step: optimizer step, from 1.
+        warmup_steps: length of the linear warmup.
+        schedule: ``inverse_sqrt``, ``linear`` or ``cosine``.
+        total_steps: the step budget (``max_steps``, or ``max_epochs`` x steps per epoch), or
+            ``None``; zero is reached one step after the last, so the last step still learns.
+        time_progress: the fraction of a wall-clock budget (``trainer.max_time``) used since
+            the warmup ended, or ``None`` (see :class:`transformer_mt.training.budget.TrainingBudget`).
+            With both budgets the decay follows whichever runs out first.
     """
     if schedule == "inverse_sqrt":
         return inverse_sqrt_schedule(step, warmup_steps)
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown lr schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if total_steps is None or total_steps <= warmup_steps:
+    steps_known = total_steps is not None and total_steps > warmup_steps
+    if not steps_known and time_progress is None:
         raise ValueError(
-            f"the {schedule} schedule decays over the whole run, so it needs a number of steps "
-            f"larger than warmup_steps ({warmup_steps}), got {total_steps}; set "
-            "trainer.max_epochs or trainer.max_steps"
+            f"the {schedule} schedule decays over the whole run, so it needs a budget: a number "
+            f"of steps larger than warmup_steps ({warmup_steps}), got {total_steps}, or a "
+            "wall-clock budget; set trainer.max_time (e.g. 00:01:00:00), trainer.max_epochs or "
+            "trainer.max_steps"
         )
     step = max(step, 1)
     if step <= warmup_steps:
         return step / max(warmup_steps, 1)
-    # Zero is reached one step after the last, so that the last step still learns something.
-    progress = min((step - warmup_steps) / (total_steps - warmup_steps + 1), 1.0)
-    if schedule == "linear":
-        return 1.0 - progress
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
+    progress = 0.0 if time_progress is None else time_progress
+    if steps_known:
+        assert total_steps is not None
+        progress = max(progress, (step - warmup_steps) / (total_steps - warmup_steps + 1))
+    return decay(schedule, progress)
 
 
 def paper_peak_lr(d_model: int, warmup_steps: int, scale: float = 1.0) -> float:

@@ -1,0 +1,137 @@
+"""A wall-clock budget is the lr horizon: the run anneals whenever the budget ends.
+
+The clock is virtual (:class:`VirtualClockBudget` advances a fixed number of seconds per
+training step), so what these tests check never depends on how fast the machine is: a
+"slow machine" is a run whose steps cost more virtual seconds.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from transformer_mt.training.budget import TrainingBudget
+from transformer_mt.training.run import run
+from transformer_mt.training.schedules import lr_factor
+
+from conftest import FAST_TRAIN, compose_train
+
+
+class VirtualClockBudget(TrainingBudget):
+    """:class:`TrainingBudget` on a clock that advances ``step_seconds`` per training step.
+
+    Validation costs ``validation_seconds``. Lightning's own Timer still runs on the real
+    clock, with a budget far above what a test run takes, so it never decides anything.
+    """
+
+    def __init__(self, step_seconds: float, validation_seconds: float = 0.0) -> None:
+        super().__init__()
+        self.step_seconds = step_seconds
+        self.validation_seconds = validation_seconds
+        self.clock = 0.0
+
+    def now(self) -> float:
+        return self.clock
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any, **kwargs: Any) -> None:
+        self.clock += self.step_seconds
+        super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self.clock += self.validation_seconds
+        super().on_validation_end(trainer, pl_module)
+
+
+def test_time_progress_drives_the_decay_after_the_warmup() -> None:
+    warmup = 10
+    assert lr_factor(5, warmup, "linear", None, time_progress=0.0) == pytest.approx(0.5)
+    assert lr_factor(11, warmup, "linear", None, time_progress=0.25) == pytest.approx(0.75)
+    assert lr_factor(11, warmup, "linear", None, time_progress=1.0) == 0.0
+    assert lr_factor(11, warmup, "cosine", None, time_progress=0.5) == pytest.approx(0.5)
+    # With a step budget as well, whichever budget is further used up wins.
+    assert lr_factor(60, warmup, "linear", 110, time_progress=0.1) == pytest.approx(1 - 50 / 101)
+    assert lr_factor(20, warmup, "linear", 110, time_progress=0.9) == pytest.approx(0.1)
+
+
+def test_a_decaying_schedule_accepts_a_time_budget_alone() -> None:
+    with pytest.raises(ValueError, match=r"set trainer\.max_time"):
+        lr_factor(1, 10, "linear", None)
+    assert lr_factor(1, 10, "linear", None, time_progress=0.0) == pytest.approx(0.1)
+
+
+def test_progress_counts_from_the_end_of_the_warmup_and_reserves_the_last_validation() -> None:
+    budget = VirtualClockBudget(step_seconds=1.0)
+    budget.seconds = 100.0
+    budget._started = 0.0
+    budget.clock = 7.0
+    assert budget.progress(step=3, warmup_steps=5) == 0.0  # still warming up
+    assert budget.progress(step=6, warmup_steps=5) == 0.0  # warmup ended at 7 s
+    assert budget.warmup_end == 7.0
+    budget.clock = 53.5
+    assert budget.progress(step=40, warmup_steps=5) == pytest.approx(46.5 / 93.0)
+    budget.last_validation = 10.0  # the horizon moves so the final validation fits
+    assert budget.horizon() == 90.0
+    assert budget.progress(step=40, warmup_steps=5) == pytest.approx(46.5 / 83.0)
+    budget.clock = 95.0
+    assert budget.progress(step=80, warmup_steps=5) == 1.0
+
+
+def test_budget_state_survives_a_checkpoint() -> None:
+    budget = VirtualClockBudget(step_seconds=1.0)
+    budget._started = 0.0
+    budget.clock = 30.0
+    budget.warmup_end, budget.last_validation = 12.0, 4.0
+    restored = VirtualClockBudget(step_seconds=1.0)
+    restored.load_state_dict(budget.state_dict())
+    assert (restored.elapsed(), restored.warmup_end, restored.last_validation) == (30.0, 12.0, 4.0)
+
+
+def _budget_run(tmp_path: Path, step_seconds: float) -> tuple[dict[str, Any], list[float]]:
+    cfg = compose_train(
+        tmp_path,
+        [
+            *FAST_TRAIN,
+            "trainer.max_epochs=null",
+            "trainer.max_time=00:02:00:00",  # the budget: 7,200 virtual seconds
+            "trainer.log_every_n_steps=1",
+            "module.lr_schedule=linear",
+            "module.warmup_steps=5",
+            "optimizer.lr=1e-3",
+            "+callbacks.budget._target_=test_budget.VirtualClockBudget",
+            f"+callbacks.budget.step_seconds={step_seconds}",
+            "+callbacks.budget.validation_seconds=100",
+        ],
+    )
+    run(cfg)
+    rows = list(csv.DictReader((tmp_path / "csv" / "metrics.csv").open()))
+    lrs = [float(r["train/lr"]) for r in rows if r.get("train/lr")]
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    return last, lrs
+
+
+@pytest.mark.parametrize("step_seconds", [60.0, 120.0])  # a fast and a 2x slower machine
+def test_a_time_budget_ends_annealed_and_tested_on_any_machine(
+    tmp_path: Path, step_seconds: float
+) -> None:
+    last, lrs = _budget_run(tmp_path, step_seconds)
+    steps = last["global_step"]
+    # The whole budget was used, less the reserve for the final validation: 7,200 s of steps
+    # minus validations (100 s each, one per epoch of ~10 steps) minus the last one's reserve.
+    assert 7200 * 0.75 <= steps * step_seconds <= 7200
+    assert max(lrs) == pytest.approx(1e-3)  # the peak after the warmup
+    assert lrs[-1] < 0.05 * 1e-3  # annealed: the last steps ran at ~0
+    decay = lrs[lrs.index(max(lrs)) :]
+    assert all(a >= b for a, b in itertools.pairwise(decay))  # monotone after the warmup
+    # Training stopped on the budget (there is no epoch limit) and the run was tested.
+    state = last["callbacks"]
+    budget_state = next(v for k, v in state.items() if "VirtualClockBudget" in k)
+    assert budget_state["elapsed"] == pytest.approx(
+        steps * step_seconds + 100 * (last["epoch"] + 1), abs=101
+    )
+    metrics = (tmp_path / "csv" / "metrics.csv").read_text()
+    assert "test/bleu" in metrics
