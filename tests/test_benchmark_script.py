@@ -18,7 +18,7 @@ def _positive(value: float) -> bool:
 
 @pytest.fixture
 def benchmark(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))  # the script imports its sibling bench_common
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # the script imports its sibling package bench
     return importlib.import_module("benchmark")
 
 

@@ -1,4 +1,5 @@
-"""Helpers shared by ``scripts/benchmark.py``: timing, memory, FLOP peak, profiling, output.
+"""What every benchmark of ``scripts/benchmark.py`` shares: timing, memory, FLOP peak, profiling,
+synthetic models and batches, the common command-line options, output.
 
 Timing is wall-clock (``time.perf_counter``) on the CPU. Contenders are *interleaved*: every
 repeat runs each contender once, in a rotating order, so slow drift of a shared machine (other
@@ -7,6 +8,7 @@ jobs, thermal state) hits all of them alike; the reported figure is the median o
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -17,10 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+
+from transformer_mt.model.transformer import ModelConfig
 
 #: JSON/markdown tables: a header and rows of already formatted cells.
 Table = tuple[str, list[str], list[list[str]]]
+
+#: Special ids of the synthetic vocabularies.
+PAD, BOS, EOS = 0, 1, 2
 
 
 def setup_torch(threads: int, seed: int = 0) -> None:
@@ -201,6 +208,82 @@ def goal(name: str, value: float, target: float, higher_is_better: bool = True) 
         "comparison": ">=" if higher_is_better else "<=",
         "met": bool(met),
     }
+
+
+# ----------------------------------------------------------------------------- synthetic data
+
+
+def synthetic_batch(
+    batch: int, max_len: int, min_len: int, vocab: int, generator: torch.Generator
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Random ``(src, tgt_in, tgt_out)`` with lengths uniform in ``[min_len, max_len]``.
+
+    ``tgt_in`` is bos + tokens, ``tgt_out`` is tokens + eos; both are padded to ``max_len``.
+    """
+
+    def sentences(length: int) -> tuple[Tensor, Tensor]:
+        lengths = torch.randint(min(min_len, length), length + 1, (batch,), generator=generator)
+        ids = torch.randint(3, vocab, (batch, length), generator=generator)
+        keep = torch.arange(length)[None, :] < lengths[:, None]
+        return ids.masked_fill(~keep, PAD), lengths
+
+    src, _ = sentences(max_len)
+    body, lengths = sentences(max_len - 1)  # tokens without bos/eos
+    tgt_in = torch.cat([torch.full((batch, 1), BOS), body], dim=1)  # (B, max_len)
+    tgt_out = torch.cat([body, torch.full((batch, 1), PAD)], dim=1)  # (B, max_len)
+    tgt_out[torch.arange(batch), lengths] = EOS
+    return src, tgt_in, tgt_out
+
+
+def model_config(args: argparse.Namespace, **extra: Any) -> ModelConfig:
+    """The benchmarked model: sizes from the command line, shared vocabulary, tied weights."""
+    return ModelConfig(
+        src_vocab_size=args.vocab,
+        tgt_vocab_size=args.vocab,
+        pad_id=PAD,
+        d_model=args.d_model,
+        n_heads=args.n_heads,
+        d_ff=args.d_ff,
+        n_encoder_layers=args.layers,
+        n_decoder_layers=args.layers,
+        **extra,
+    )
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+#: The model sizes of ``--quick`` (``train`` and ``decode``).
+QUICK_MODEL = {"vocab": 64, "d_model": 32, "n_heads": 4, "d_ff": 64, "layers": 1}
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The model sizes of :func:`model_config` (``train`` and ``decode``)."""
+    p.add_argument("--vocab", type=int, default=8000, help="shared vocabulary size")
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--n-heads", type=int, default=8)
+    p.add_argument("--d-ff", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
+
+
+#: The options every subcommand takes (``all`` passes them on to each benchmark).
+COMMON_OPTIONS = ("quick", "threads", "out", "out_dir", "format", "profile", "plot")
+
+
+def add_common_arguments(p: argparse.ArgumentParser) -> None:
+    """:data:`COMMON_OPTIONS`."""
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test in seconds")
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
+    p.add_argument("--out", type=Path, default=None, help="JSON path (default bench_results/)")
+    p.add_argument("--out-dir", type=Path, default=Path("bench_results"), help="JSON folder")
+    p.add_argument(
+        "--format", choices=["rich", "markdown"], default="rich", help="table output style"
+    )
+    p.add_argument("--profile", action="store_true", help="add torch.profiler top ops (slower)")
+    p.add_argument("--plot", action="store_true", help="write a PNG next to the JSON")
+
+
+# ----------------------------------------------------------------------------- output
 
 
 def markdown_table(title: str, header: list[str], rows: list[list[str]]) -> str:

@@ -1,0 +1,1 @@
+"""The benchmarks of ``scripts/benchmark.py``, one module each, over ``bench.common``."""
