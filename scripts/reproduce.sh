@@ -17,9 +17,9 @@ for d in $directions; do
   $PY train.py experiment=multi30k_$d data.source=files data.dir="$DATA_DIR" \
       callbacks.progress_bar=null threads=2 hydra.run.dir="$run"
   $PY scripts/average_checkpoints.py "$run" --last 5 -o "$run/checkpoints/averaged-last5.ckpt"
-  best=$($PY -c 'import glob, re, sys
-files = glob.glob(sys.argv[1] + "/checkpoints/best-*.ckpt")
-print(max(files, key=lambda f: float(re.search(r"bleu([0-9.]+)[.]ckpt$", f).group(1))))' "$run")
+  best=$($PY -c 'import sys
+from transformer_mt.inference.averaging import select_checkpoints
+print(select_checkpoints(sys.argv[1], 1, "best")[0])' "$run")  # by val/bleu
   for ckpt in "$best" "$run/checkpoints/averaged-last5.ckpt"; do
     name=$(basename "$ckpt" .ckpt)
     $PY evaluate.py ckpt_path="$ckpt" decoding.beam_size=1 hydra.run.dir="$run/eval/$name-greedy"
