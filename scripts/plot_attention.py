@@ -8,7 +8,8 @@ Writes three PNG grids (rows = layers, columns = heads) with tokens on the axes:
 ``cross.png`` (output x source: which source tokens each output token looks at; the German
 verb-final "hat" should look at "has"). The sentence is translated greedily, then one
 teacher-forced forward pass over the source and the generated output records every weight
-(``Transformer.store_attention_weights``, which uses the explicit attention path).
+(``transformer_mt.model.attention.record_attention_weights``: the explicit attention math on
+each layer's inputs, collected by forward hooks).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import matplotlib.pyplot as plt
 from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
 from transformer_mt.inference.search import SearchConfig, generate
 from transformer_mt.inference.translate import resolve_device
+from transformer_mt.model.attention import record_attention_weights
 
 
 def token_labels(loaded: LoadedModel, ids: list[int], side: str) -> list[str]:
@@ -71,20 +73,18 @@ def attention_maps(
     out = generate(model, src, tok.bos_id, tok.eos_id, search)[0].tolist()
     out = out[: out.index(tok.eos_id) + 1] if tok.eos_id in out else out
     tgt_in = torch.tensor([[tok.bos_id, *out[:-1]]], device=device)  # (1, T)
-    model.store_attention_weights(True)
-    try:
+    with record_attention_weights(model) as records:
         model(src, tgt_in)
-        maps = {
-            "encoder_self": [
-                layer.self_attn.last_weights[0].cpu() for layer in model.encoder.layers
-            ],
-            "decoder_self": [
-                layer.self_attn.last_weights[0].cpu() for layer in model.decoder.layers
-            ],
-            "cross": [layer.cross_attn.last_weights[0].cpu() for layer in model.decoder.layers],
-        }
-    finally:
-        model.store_attention_weights(False)
+
+    def layers(stack: str, kind: str, n: int) -> list[torch.Tensor]:
+        return [records[f"{stack}.layers.{i}.{kind}"][0][0].cpu() for i in range(n)]  # (H, ., .)
+
+    n_enc, n_dec = len(model.encoder.layers), len(model.decoder.layers)
+    maps = {
+        "encoder_self": layers("encoder", "self_attn", n_enc),
+        "decoder_self": layers("decoder", "self_attn", n_dec),
+        "cross": layers("decoder", "cross_attn", n_dec),
+    }
     translation = tok.decode_tgt_batch([out])[0]
     return (
         token_labels(loaded, src_ids, "src"),

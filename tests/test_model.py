@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from transformer_mt.model.attention import MultiHeadAttention, record_attention_weights
+from transformer_mt.model.layers import DecoderLayer, EncoderLayer
 from transformer_mt.model.transformer import ModelConfig, Transformer
 
 from conftest import PAD, random_batch, tiny_config
@@ -106,7 +108,14 @@ def test_paper_base_parameter_count() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"d_model": 30, "n_heads": 4}, r"d_model=30 is not divisible by model.n_heads=4"),
+        (
+            {"d_model": 30, "n_heads": 4},
+            r"d_model=30 is not divisible by model.n_heads=4; .*\(e.g. n_heads=3 or n_heads=5\)",
+        ),
+        ({"d_model": 30, "n_heads": 4, "d_k": 8}, r"d_model=30 is not divisible"),  # d_v derived
+        ({"d_k": 0, "d_v": 8}, r"model.d_k must be >= 1 or null"),
+        ({"activation": "tanh"}, r"unknown model.activation='tanh'; choose one of"),
+        ({"positional": "rotary"}, r"unknown model.positional='rotary'; choose one of"),
         ({"dropout": 1.0}, r"dropout must be in \[0, 1\), got 1.0"),
         ({"dropout": -0.1}, r"dropout must be in \[0, 1\)"),
         ({"tgt_vocab_size": 50}, r"src_vocab_size=40 != tgt_vocab_size=50"),
@@ -133,3 +142,73 @@ def test_learned_positions_and_max_len() -> None:
     assert model(src, tgt).shape == (3, 6, 40)
     with pytest.raises(ValueError, match="exceeds max_len=8"):
         model(torch.randint(4, 40, (1, 9)), tgt)
+
+
+def test_state_dict_keys_are_those_of_existing_checkpoints() -> None:
+    # Checkpoints written before modules took their config whole must keep loading, and the
+    # export to Hugging Face maps these names: they may not change.
+    config = tiny_config(
+        n_encoder_layers=1,
+        n_decoder_layers=1,
+        tie_embeddings=False,
+        share_encoder_decoder_embeddings=False,
+        positional="learned",
+    )
+    attention = [f"{p}.{w}" for p in ("q_proj", "k_proj", "v_proj", "out_proj") for w in "wb"]
+    ffn = [f"feed_forward.linear{i}.{w}" for i in (1, 2) for w in "wb"]
+
+    def norms(n: int) -> list[str]:
+        return [f"sublayer{i}.norm.{w}" for i in range(1, n + 1) for w in "wb"]
+
+    def block(prefix: str, parts: list[str]) -> list[str]:
+        return [f"{prefix}.{part}" for part in parts]
+
+    expected = [
+        "encoder.embedding.token.w",
+        "encoder.embedding.position.embedding.w",
+        *block("encoder.layers.0.self_attn", attention),
+        *block("encoder.layers.0", ffn + norms(2)),
+        "decoder.embedding.token.w",
+        "decoder.embedding.position.embedding.w",
+        *block("decoder.layers.0.self_attn", attention),
+        *block("decoder.layers.0.cross_attn", attention),
+        *block("decoder.layers.0", ffn + norms(3)),
+        "generator.w",
+    ]
+    expected = [k.removesuffix(".w") + ".weight" if k.endswith(".w") else k for k in expected]
+    expected = [k.removesuffix(".b") + ".bias" if k.endswith(".b") else k for k in expected]
+    assert list(Transformer(config).state_dict()) == expected
+
+
+def test_layers_are_built_from_the_config_whole() -> None:
+    config = tiny_config(d_k=6, d_v=5, d_ff=48, attention_dropout=0.2, fused_attention=False)
+    encoder_layer, decoder_layer = EncoderLayer(config), DecoderLayer(config)
+    for mha in (encoder_layer.self_attn, decoder_layer.self_attn, decoder_layer.cross_attn):
+        assert (mha.n_heads, mha.d_k, mha.d_v, mha.dropout, mha.fused) == (4, 6, 5, 0.2, False)
+        assert mha.v_proj.out_features == 4 * 5
+    assert decoder_layer.feed_forward.linear1.out_features == 48
+    model = Transformer(config)
+    attention = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    assert len(attention) == 2 + 2 * 2  # 2 encoder layers, 2 decoder layers
+    assert all(m.d_k == 6 and m.d_v == 5 for m in attention)
+
+
+def test_record_attention_weights_of_the_whole_model() -> None:
+    model = Transformer(tiny_config()).eval()
+    src, tgt = random_batch()  # row 1 ends with two padding tokens
+    with record_attention_weights(model) as records:
+        logits = model(src, tgt)
+    torch.testing.assert_close(logits, model(src, tgt), rtol=0, atol=0)
+    kinds = ("encoder.layers.{}.self_attn", "decoder.layers.{}.self_attn")
+    names = [k.format(i) for k in kinds for i in range(2)]
+    names += [f"decoder.layers.{i}.cross_attn" for i in range(2)]
+    assert sorted(records) == sorted(names)
+    assert all(len(calls) == 1 for calls in records.values())
+    B, S, T, H = 3, 7, 6, 4
+    assert records["encoder.layers.1.self_attn"][0].shape == (B, H, S, S)
+    decoder_self = records["decoder.layers.0.self_attn"][0]
+    cross = records["decoder.layers.1.cross_attn"][0]
+    assert decoder_self.shape == (B, H, T, T) and cross.shape == (B, H, T, S)
+    assert float(decoder_self.triu(1).abs().sum()) == 0.0  # no weight on the future
+    assert float(cross[1, :, :, S - 2 :].abs().sum()) == 0.0  # none on source padding
+    torch.testing.assert_close(cross.sum(-1), torch.ones(B, H, T))

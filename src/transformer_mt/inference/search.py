@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transformer_mt.model.attention import KVCache
+from transformer_mt.model.kv_cache import KVCache
 from transformer_mt.model.transformer import Transformer
 
 

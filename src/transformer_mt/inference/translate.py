@@ -25,7 +25,7 @@ import torch
 
 from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
 from transformer_mt.data.batching import pack_by_budget
-from transformer_mt.inference.search import SearchConfig, beam_search, generate
+from transformer_mt.inference.search import SearchConfig, generate
 
 log = logging.getLogger(__name__)
 
@@ -182,23 +182,6 @@ class Translator:
             logits = self.model(src, tgt[:, :-1])  # (1, T, V)
             lp = logits.float().log_softmax(-1).gather(-1, tgt[:, 1:, None])  # (1, T, 1)
             scores.append(float(lp.sum()))
-        return scores
-
-    def beam_scores(self, ids: Sequence[Sequence[int]]) -> list[float]:
-        """Length-normalised beam scores (as :func:`~transformer_mt.inference.search.beam_search` ranks)."""
-        scores = []
-        for seq in ids:
-            _, s = beam_search(
-                self.model,
-                self._source_tensor([list(seq)]),
-                self.tokenizer.bos_id,
-                self.tokenizer.eos_id,
-                self.search.beam_size,
-                self.search.length_penalty,
-                self.search.max_len_a,
-                self.search.max_len_b,
-            )
-            scores.append(float(s[0]))
         return scores
 
 

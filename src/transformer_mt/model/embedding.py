@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from transformer_mt.model.config import ModelConfig
 from transformer_mt.model.dropout import Dropout
 
 
@@ -77,29 +78,28 @@ class LearnedPositionalEncoding(nn.Module):
 
 
 class TransformerEmbedding(nn.Module):
-    """Token embedding + positional encoding, then dropout on the sum (section 5.4)."""
+    """Token embedding + positional encoding, then dropout on the sum (section 5.4).
 
-    def __init__(
-        self,
-        token: TokenEmbedding,
-        d_model: int,
-        max_len: int,
-        dropout: float,
-        positional: str = "sinusoidal",
-    ) -> None:
+    ``token`` is passed in (not built here) so that encoder and decoder can share one matrix;
+    the positional encoding (``config.positional``), ``max_len`` and dropout come from the
+    config.
+    """
+
+    def __init__(self, token: TokenEmbedding, config: ModelConfig) -> None:
         super().__init__()
         self.token = token
-        if positional == "sinusoidal":
-            self.position: nn.Module = SinusoidalPositionalEncoding(d_model, max_len)
-        elif positional == "learned":
-            self.position = LearnedPositionalEncoding(d_model, max_len)
-        else:
-            raise ValueError(
-                f"unknown positional encoding {positional!r}; use 'sinusoidal' or 'learned'"
-            )
-        self.dropout = Dropout(dropout)
+        positional = _POSITIONAL[config.positional]
+        self.position: nn.Module = positional(config.d_model, config.max_len)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
         """``tokens (B, L)`` -> ``(B, L, d_model)``; ``offset`` is the first position's index."""
         x = self.token(tokens) + self.position(tokens.size(1), offset)  # (B, L, d_model)
         return self.dropout(x)
+
+
+#: ``ModelConfig.positional`` -> encoding class (the config validates the name).
+_POSITIONAL: dict[str, type[nn.Module]] = {
+    "sinusoidal": SinusoidalPositionalEncoding,
+    "learned": LearnedPositionalEncoding,
+}

@@ -4,10 +4,12 @@ Where LayerNorm sits is the ``norm_first`` switch:
 
 * ``norm_first=False`` (post-LN, the paper): ``x = LayerNorm(x + Dropout(Sublayer(x)))``.
 * ``norm_first=True`` (pre-LN): ``x = x + Dropout(Sublayer(LayerNorm(x)))``; the stack then
-  needs one final LayerNorm (see :class:`transformer_mt.model.Encoder`). Pre-LN trains stably
-  without a long warmup (Xiong et al., 2020, "On Layer Normalization in the Transformer
-  Architecture"); post-LN is what the paper describes and often ends slightly better when it
-  converges.
+  needs one final LayerNorm (see :class:`~transformer_mt.model.transformer.Encoder`). Pre-LN
+  trains stably without a long warmup (Xiong et al., 2020, "On Layer Normalization in the
+  Transformer Architecture"); post-LN is what the paper describes and often ends slightly
+  better when it converges.
+
+Every module here is built from the :class:`~transformer_mt.model.config.ModelConfig` whole.
 """
 
 from __future__ import annotations
@@ -17,29 +19,29 @@ from collections.abc import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_mt.model.attention import KVCache, MultiHeadAttention
+from transformer_mt.model.attention import MultiHeadAttention
+from transformer_mt.model.config import ModelConfig
 from transformer_mt.model.dropout import Dropout
+from transformer_mt.model.kv_cache import KVCache
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
 
 
 class PositionwiseFeedForward(nn.Module):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position separately (eq. 2)."""
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position separately (eq. 2).
 
-    def __init__(
-        self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"
-    ) -> None:
+    ``linear1``: ``d_model -> d_ff``, ``linear2``: ``d_ff -> d_model``; the non-linearity is
+    ``config.activation`` (ReLU in the paper).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        if activation not in _ACTIVATIONS:
-            raise ValueError(
-                f"unknown activation {activation!r}; choose one of {sorted(_ACTIVATIONS)}"
-            )
-        self.linear1 = nn.Linear(d_model, d_ff)
-        self.linear2 = nn.Linear(d_ff, d_model)
-        self.activation = _ACTIVATIONS[activation]
+        self.linear1 = nn.Linear(config.d_model, config.d_ff)
+        self.linear2 = nn.Linear(config.d_ff, config.d_model)
+        self.activation = _ACTIVATIONS[config.activation]
         # Dropout on the hidden activations, as in the reference tensor2tensor implementation
         # ("relu_dropout"); the paper only names residual dropout.
-        self.dropout = Dropout(dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (B, L, d_model)
@@ -48,11 +50,11 @@ class PositionwiseFeedForward(nn.Module):
 class _Residual(nn.Module):
     """One sub-layer connection: residual + dropout + LayerNorm, in post- or pre-LN order."""
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(d_model)
-        self.dropout = Dropout(dropout)
-        self.norm_first = norm_first
+        self.norm = nn.LayerNorm(config.d_model)
+        self.dropout = Dropout(config.dropout)
+        self.norm_first = config.norm_first
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         if self.norm_first:
@@ -63,33 +65,20 @@ class _Residual(nn.Module):
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each wrapped in residual + dropout + LayerNorm.
 
-    ``norm_first=False`` is the paper's post-LN; ``True`` is pre-LN (see the module docstring).
+    ``config.norm_first=False`` is the paper's post-LN; ``True`` is pre-LN (see the module
+    docstring).
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        dropout: float = 0.1,
-        attention_dropout: float = 0.0,
-        activation: str = "relu",
-        norm_first: bool = False,
-        d_k: int | None = None,
-        d_v: int | None = None,
-        fused: bool = True,
-    ) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(
-            d_model, n_heads, d_k, d_v, dropout=attention_dropout, fused=fused
-        )
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation)
-        self.sublayer1 = _Residual(d_model, dropout, norm_first)
-        self.sublayer2 = _Residual(d_model, dropout, norm_first)
+        self.self_attn = MultiHeadAttention(config.attention)
+        self.feed_forward = PositionwiseFeedForward(config)
+        self.sublayer1 = _Residual(config)
+        self.sublayer2 = _Residual(config)
 
     def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
         """``x (B, S, d_model)``, ``src_mask (B, 1, 1, S)`` -> ``(B, S, d_model)``."""
-        x = self.sublayer1(x, lambda y: self.self_attn(y, y, y, mask=src_mask))
+        x = self.sublayer1(x, lambda y: self.self_attn(y, mask=src_mask))
         return self.sublayer2(x, self.feed_forward)
 
 
@@ -97,35 +86,19 @@ class DecoderLayer(nn.Module):
     """Masked self-attention, cross-attention over the encoder output, then feed-forward.
 
     Each sub-layer is wrapped in residual + dropout + LayerNorm (post-LN by default, pre-LN
-    with ``norm_first=True``). For incremental decoding pass a ``(self_cache, cross_cache)``
-    pair: self-attention appends the new step's keys/values, cross-attention computes the
-    source keys/values on the first step only.
+    with ``config.norm_first=True``). For incremental decoding pass a
+    ``(self_cache, cross_cache)`` pair: self-attention appends the new step's keys/values,
+    cross-attention computes the source keys/values on the first step only.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        dropout: float = 0.1,
-        attention_dropout: float = 0.0,
-        activation: str = "relu",
-        norm_first: bool = False,
-        d_k: int | None = None,
-        d_v: int | None = None,
-        fused: bool = True,
-    ) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(
-            d_model, n_heads, d_k, d_v, dropout=attention_dropout, fused=fused
-        )
-        self.cross_attn = MultiHeadAttention(
-            d_model, n_heads, d_k, d_v, dropout=attention_dropout, fused=fused
-        )
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation)
-        self.sublayer1 = _Residual(d_model, dropout, norm_first)
-        self.sublayer2 = _Residual(d_model, dropout, norm_first)
-        self.sublayer3 = _Residual(d_model, dropout, norm_first)
+        self.self_attn = MultiHeadAttention(config.attention)
+        self.cross_attn = MultiHeadAttention(config.attention)
+        self.feed_forward = PositionwiseFeedForward(config)
+        self.sublayer1 = _Residual(config)
+        self.sublayer2 = _Residual(config)
+        self.sublayer3 = _Residual(config)
 
     def forward(
         self,
@@ -144,13 +117,9 @@ class DecoderLayer(nn.Module):
         """
         self_cache, cross_cache = cache if cache is not None else (None, None)
         x = self.sublayer1(
-            x,
-            lambda y: self.self_attn(y, y, y, mask=tgt_mask, is_causal=True, cache=self_cache),
+            x, lambda y: self.self_attn(y, mask=tgt_mask, is_causal=True, cache=self_cache)
         )
         x = self.sublayer2(
-            x,
-            lambda y: self.cross_attn(
-                y, memory, memory, mask=memory_mask, cache=cross_cache, static_kv=True
-            ),
+            x, lambda y: self.cross_attn(y, memory, mask=memory_mask, cache=cross_cache)
         )
         return self.sublayer3(x, self.feed_forward)
