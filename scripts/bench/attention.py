@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from bench.common import SavedTensorBytes, Table, environment, goal, interleaved_times, median
 from transformer_mt.model.attention import MultiHeadAttention
+from transformer_mt.model.config import ModelConfig
 
 NAME = "attention"
 HELP = "attention fwd+bwd time and memory vs length"
@@ -57,9 +58,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _attention_contenders(d_model: int, n_heads: int) -> dict[str, nn.Module]:
     """Three self-attention modules of the same size, in training mode, no dropout."""
+
+    def ours(fused: bool) -> MultiHeadAttention:
+        # Sized as the model sizes its layers; a one-token vocabulary since none is used.
+        config = ModelConfig(1, 1, d_model=d_model, n_heads=n_heads, fused_attention=fused)
+        return MultiHeadAttention(config.attention)
+
     return {
-        "ours_fused": MultiHeadAttention(d_model, n_heads, fused=True),
-        "ours_explicit": MultiHeadAttention(d_model, n_heads, fused=False),
+        "ours_fused": ours(fused=True),
+        "ours_explicit": ours(fused=False),
         "nn.MultiheadAttention": nn.MultiheadAttention(
             d_model, n_heads, dropout=0.0, batch_first=True
         ),
@@ -77,7 +84,7 @@ def _attention_step(module: nn.Module, x: Tensor, grad: Tensor) -> Callable[[], 
         if is_torch:
             out = module(x, x, x, need_weights=False)[0]
         else:
-            out = module(x, x, x)
+            out = module(x)  # self-attention
         out.backward(grad)
 
     return step
@@ -89,7 +96,7 @@ def _saved_bytes(module: nn.Module, x: Tensor) -> int:
         if isinstance(module, nn.MultiheadAttention):
             module(x, x, x, need_weights=False)
         else:
-            module(x, x, x)
+            module(x)
     return saved.bytes
 
 

@@ -76,8 +76,8 @@ class TorchTransformerMT(nn.Module):
         super().__init__()
         c = config
         token = TokenEmbedding(c.src_vocab_size, c.d_model, c.pad_id)
-        self.src_embedding = TransformerEmbedding(token, c.d_model, c.max_len, c.dropout)
-        self.tgt_embedding = TransformerEmbedding(token, c.d_model, c.max_len, c.dropout)
+        self.src_embedding = TransformerEmbedding(token, c)
+        self.tgt_embedding = TransformerEmbedding(token, c)
         self.transformer = nn.Transformer(
             d_model=c.d_model,
             nhead=c.n_heads,
