@@ -5,7 +5,8 @@ Shape letters used in every comment of this package:
     B  batch size
     S  source length (keys/values of cross-attention, encoder positions)
     T  target length (queries; decoder positions)
-    T_q, T_k  query and key lengths where the two cases meet (T_k = S or T)
+    T_q, T_k  query and key lengths where both kinds of attention meet (T_k = S or T)
+    L  any sequence length (S or T), where a helper serves both
     H  number of heads
     d_k, d_v  per-head query/key and value sizes
 
@@ -50,10 +51,11 @@ def causal_mask(length: int, device: torch.device | None = None) -> Tensor:
 
 
 def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
-    """softmax(Q K^T / sqrt(d_k)): ``q (B, H, T_q, d_k)``, ``k (B, H, T_k, d_k)`` -> ``(B, H, T_q, T_k)``.
+    """The attention weights softmax(Q K^T / sqrt(d_k)), ``(B, H, T_q, T_k)``.
 
-    ``mask``: boolean, True = may attend, broadcastable to ``(B, H, T_q, T_k)``. A query whose
-    keys are all masked gets zero weights, never NaN.
+    ``q``: ``(B, H, T_q, d_k)``, ``k``: ``(B, H, T_k, d_k)``; ``mask``: boolean, True = may
+    attend, broadcastable to ``(B, H, T_q, T_k)``. A query whose keys are all masked gets zero
+    weights, never NaN.
     """
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T_q, T_k)
     if mask is None:
@@ -268,9 +270,9 @@ def record_attention_weights(model: nn.Module) -> Iterator[dict[str, list[Tensor
     """Collect the attention weights of every :class:`MultiHeadAttention` in ``model``.
 
     Within the ``with`` block, each forward call of an attention layer appends its weights
-    ``(B, H, T_q, T_k)`` (:meth:`MultiHeadAttention.compute_weights`: the explicit math on the call's
-    inputs, detached) to ``records[name]``, where ``name`` is the layer's module name, e.g.
-    ``decoder.layers.0.cross_attn``. The forward pass itself is unchanged (same path, same
+    ``(B, H, T_q, T_k)`` (:meth:`MultiHeadAttention.compute_weights`: the explicit math on the
+    call's inputs, detached) to ``records[name]``, where ``name`` is the layer's module name,
+    e.g. ``decoder.layers.0.cross_attn``. The forward pass itself is unchanged (same path, same
     output, same random stream); the hooks are removed on leaving the block. Calls with a
     :class:`KVCache` are refused (record a teacher-forced pass)::
 
