@@ -11,11 +11,14 @@ import hydra
 from omegaconf import DictConfig
 
 from transformer_mt.cli import guarded, run_entry_point
+from transformer_mt.data.config import register_stored_overrides
+
+register_stored_overrides()  # configs/evaluate.yaml's `data: stored`
 
 
 @guarded
 def evaluate(cfg: DictConfig) -> dict[str, Any] | None:
-    """Import Lightning only now, so --help and config typos answer at once."""
+    """Import torch and the data libraries only now, so --help and config typos answer at once."""
     from transformer_mt.inference.evaluate import run
 
     return run(cfg)

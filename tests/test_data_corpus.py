@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from transformer_mt.data import corpus
-from transformer_mt.data.corpus import (
-    CorpusConfig,
+from transformer_mt.data.config import DataConfig
+from transformer_mt.data.sources import (
     generate_numbers_corpus,
+    hub,
     load_corpus,
     load_files_corpus,
     load_hub_corpus,
@@ -67,7 +67,7 @@ def test_multi30k_files_load_all_splits_with_expected_sizes():
 @needs_multi30k
 def test_multi30k_other_language_and_split_prefix_override():
     data = load_corpus(
-        CorpusConfig(
+        DataConfig(
             source="files",
             dir=str(MULTI30K),
             src_lang="en",
@@ -158,9 +158,9 @@ def test_bad_tsv_and_jsonl_rows_name_file_and_line(tmp_path):
 
 def test_files_source_without_dir_explains(tmp_path):
     with pytest.raises(ValueError, match=r"data\.dir"):
-        load_corpus(CorpusConfig(source="files"))
+        load_corpus(DataConfig(source="files"))
     with pytest.raises(ValueError, match="Unknown corpus source"):
-        CorpusConfig(source="ftp")
+        DataConfig(source="ftp")
 
 
 # ------------------------------------------------------------------- generated
@@ -260,13 +260,13 @@ def test_hub_offline_fails_at_once_with_files_hint(monkeypatch, tmp_path, no_net
 def test_hub_unreachable_is_detected_before_load_dataset(monkeypatch, tmp_path):
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(corpus.datasets.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(corpus, "_hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(hub.datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "_hub_reachable", lambda timeout=3.0: False)
 
     def never(*args, **kwargs):
         raise AssertionError("load_dataset must not be called when the Hub is unreachable")
 
-    monkeypatch.setattr(corpus.datasets, "load_dataset", never)
+    monkeypatch.setattr(hub.datasets, "load_dataset", never)
     with pytest.raises(ConnectionError, match=r"no network connection.*HF_DATASETS_OFFLINE=1"):
         load_hub_corpus("wmt/wmt14", "de-en", "en", "de", cache_dir=str(tmp_path))
 
@@ -283,8 +283,8 @@ def test_hub_rows_flat_and_nested_become_src_tgt(monkeypatch):
             for s in ("train", "validation", "test")
         }
     )
-    monkeypatch.setattr(corpus, "_hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(hub, "_hub_reachable", lambda timeout=3.0: True)
     for raw in (flat, nested):
-        monkeypatch.setattr(corpus.datasets, "load_dataset", lambda *a, raw=raw, **k: raw)
+        monkeypatch.setattr(hub.datasets, "load_dataset", lambda *a, raw=raw, **k: raw)
         data = load_hub_corpus("x", None, "de", "en")
         assert as_pairs(data["test"]) == [("b", "a")]

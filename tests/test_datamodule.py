@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformer_mt.data.config import DataConfig
 from transformer_mt.data.datamodule import TranslationDataModule
 from transformer_mt.data.tokenizer import Tokenizer
 
@@ -16,7 +17,7 @@ MULTI30K = ROOT / "../shared/data/multi30k"
 SIZES = {"train": 400, "validation": 40, "test": 30}
 
 
-def numbers_dm(tmp_path: Path, **overrides) -> TranslationDataModule:
+def numbers_dm(tmp_path: Path, work_dir="run", tokenizer=None, only_splits=None, **overrides):
     kwargs = dict(
         source="generated",
         sizes=SIZES,
@@ -25,10 +26,14 @@ def numbers_dm(tmp_path: Path, **overrides) -> TranslationDataModule:
         max_tokens=512,
         max_len=64,
         seed=0,
-        work_dir=str(tmp_path / "run"),
     )
     kwargs.update(overrides)
-    return TranslationDataModule(**kwargs)
+    return TranslationDataModule(
+        DataConfig(**kwargs),
+        work_dir=None if work_dir is None else tmp_path / work_dir,
+        tokenizer=tokenizer,
+        only_splits=only_splits,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +57,7 @@ def test_batch_format(dm):
     assert src.ndim == tgt.ndim == 2 and src.shape[0] == tgt.shape[0] == index.shape[0]
     assert len(batch["src_text"]) == len(batch["tgt_text"]) == src.shape[0]
     assert (tgt[:, 0] == dm.tokenizer.bos_id).all()
-    assert src.shape[0] * max(src.shape[1], tgt.shape[1]) <= dm.max_tokens
+    assert src.shape[0] * max(src.shape[1], tgt.shape[1]) <= dm.config.max_tokens
     tok = dm.tokenizer
     for row in range(src.shape[0]):
         s = src[row][src[row] != tok.pad_id].tolist()
@@ -112,7 +117,7 @@ def test_tokenizer_is_reused_from_work_dir(tmp_path, caplog):
     first = numbers_dm(tmp_path)
     first.setup()
     saved = first.tokenizer.to_json()
-    with caplog.at_level(logging.INFO, logger="transformer_mt.data.datamodule"):
+    with caplog.at_level(logging.INFO, logger="transformer_mt.data.prepare"):
         again = numbers_dm(tmp_path)
         again.setup()
     assert "Reusing the tokenizer" in caplog.text
@@ -153,7 +158,7 @@ def files_dm(tmp_path: Path, max_len: int, **overrides) -> TranslationDataModule
         max_tokens=512,
     )
     kwargs.update(overrides)
-    return TranslationDataModule(**kwargs)
+    return TranslationDataModule(DataConfig(**kwargs))
 
 
 def test_train_filters_empty_and_long_pairs_eval_keeps_and_truncates(tmp_path, caplog):
@@ -163,7 +168,7 @@ def test_train_filters_empty_and_long_pairs_eval_keeps_and_truncates(tmp_path, c
     evals = [("a cat", "eine Katze"), ("", ""), (long_src, "lang")]
     write_files(tmp_path / "data", train, evals)
     dm = files_dm(tmp_path, max_len=20)
-    with caplog.at_level(logging.INFO, logger="transformer_mt.data.datamodule"):
+    with caplog.at_level(logging.INFO, logger="transformer_mt.data.prepare"):
         dm.setup()
     assert len(dm.splits["train"]) == 20
     assert "Dropped 3 of 23 training pairs: 2 empty, 1 longer than max_len=20" in caplog.text
@@ -185,19 +190,21 @@ def test_all_training_pairs_filtered_is_an_error(tmp_path):
 
 def test_budget_smaller_than_max_len_is_rejected():
     with pytest.raises(ValueError, match=r"max_tokens=100 cannot hold .* max_len=256"):
-        TranslationDataModule(max_tokens=100, max_len=256)
+        DataConfig(max_tokens=100, max_len=256)
 
 
 @pytest.mark.skipif(not (MULTI30K / "train.en.gz").is_file(), reason="no Multi30k copy")
 def test_multi30k_val_split_through_the_pipeline(tmp_path):
     """The shared copy, read via the project-relative path (validation as train: fast)."""
     dm = TranslationDataModule(
-        source="files",
-        dir=str(MULTI30K),
-        prefixes={"train": "val", "validation": "val", "test": "test_2016_flickr"},
-        vocab_size=1000,
-        max_tokens=2048,
-        max_len=100,
+        DataConfig(
+            source="files",
+            dir=str(MULTI30K),
+            prefixes={"train": "val", "validation": "val", "test": "test_2016_flickr"},
+            vocab_size=1000,
+            max_tokens=2048,
+            max_len=100,
+        )
     )
     dm.setup()
     assert len(dm.splits["test"]) == 1000
@@ -213,17 +220,18 @@ def test_hydra_configs_instantiate(tmp_path):
         for name in ("numbers", "multi30k", "iwslt2017", "wmt14", "files"):
             extra = ["data.dir=/tmp"] if name == "files" else []
             cfg = compose("train", overrides=[f"data={name}", *extra])
-            module = instantiate(cfg.data, work_dir=str(tmp_path))
-            assert isinstance(module, TranslationDataModule)
-            assert module.name.startswith(name) and module.seed == cfg.seed
+            config = instantiate(cfg.data)
+            assert isinstance(config, DataConfig)
+            assert config.name.startswith(name) and config.seed == cfg.seed
         cfg = compose(
             "train",
             overrides=["data=multi30k", "data.source=files", "data.prefixes.test=test_2017_flickr"],
         )
-        module = instantiate(cfg.data)
-    assert module.corpus_config.source == "files"
-    assert module.corpus_config.dir == "../shared/data/multi30k"
-    assert module.corpus_config.prefixes["test"] == "test_2017_flickr"
+        config = instantiate(cfg.data)
+    assert config.source == "files"
+    assert config.dir == "../shared/data/multi30k"
+    assert config.prefixes["test"] == "test_2017_flickr"
+    assert TranslationDataModule(config).config is config  # taken whole
 
 
 def test_lightning_calls_set_epoch_on_our_sampler(dm, tmp_path):

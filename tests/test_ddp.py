@@ -169,7 +169,9 @@ def test_ddp_checkpoint_loads_safely_and_reproduces_val_loss(ddp_run: Path) -> N
 
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = compose("train", overrides=DATA)
-    datamodule = instantiate(cfg.data, tokenizer=tokenizer, work_dir=None)
+    from transformer_mt.data.datamodule import TranslationDataModule
+
+    datamodule = TranslationDataModule(instantiate(cfg.data), tokenizer=tokenizer)
     datamodule.setup("validate")
     total, tokens = 0.0, 0
     with torch.no_grad():

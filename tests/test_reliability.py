@@ -235,7 +235,9 @@ def test_some_pairs_too_long_are_dropped_and_counted(
     with open(corpus / "train.de", "a") as handle:
         handle.write("kurz\n")
     cfg = compose_train(tmp_path / "run", [*FILES_TRAIN, f"data.dir={corpus}"])
-    dm = hydra.utils.instantiate(cfg.data, work_dir=str(tmp_path / "run"))
+    from transformer_mt.data.datamodule import TranslationDataModule
+
+    dm = TranslationDataModule(hydra.utils.instantiate(cfg.data), work_dir=tmp_path / "run")
     with caplog.at_level("WARNING"):
         dm.prepare_data()
         dm.setup("fit")

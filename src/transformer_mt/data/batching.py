@@ -35,7 +35,9 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 
-def pack_by_budget(order: np.ndarray, sizes: np.ndarray, max_tokens: int) -> list[np.ndarray]:
+def pack_by_budget(
+    order: np.ndarray, sizes: np.ndarray, max_tokens: int, max_sentences: int | None = None
+) -> list[np.ndarray]:
     """Cut ``order`` into consecutive batches with ``len(batch) * max(size) <= max_tokens``.
 
     Args:
@@ -43,6 +45,7 @@ def pack_by_budget(order: np.ndarray, sizes: np.ndarray, max_tokens: int) -> lis
         sizes: Padded cost per example (e.g. ``max(src_len, tgt_len)``),
             indexed by example index.
         max_tokens: The budget per batch, padding included.
+        max_sentences: At most this many examples per batch (``None``: no bound).
 
     Raises:
         ValueError: one example alone exceeds ``max_tokens``.
@@ -59,7 +62,8 @@ def pack_by_budget(order: np.ndarray, sizes: np.ndarray, max_tokens: int) -> lis
     # A plain loop over Python ints: ~1 s per 4M examples, and obviously right.
     for i, size in enumerate(ordered.tolist()):
         longest_with = max(longest, size)
-        if (i - start + 1) * longest_with > max_tokens:
+        full = max_sentences is not None and i - start >= max_sentences
+        if full or (i - start + 1) * longest_with > max_tokens:
             batches.append(order[start:i])
             start, longest_with = i, size
         longest = longest_with
@@ -98,9 +102,14 @@ class TokenBudgetBatchSampler:
     ``batch_sampler`` at the start of each epoch (with
     ``use_distributed_sampler=False`` it leaves the sampler alone).
 
+    Decoding (validation and test in training, evaluate.py, translate) passes no target
+    lengths: the budget then counts padded *source* tokens, ``B * max(S)``, the one meaning
+    of ``data.eval_max_tokens``; a target is unknown when translating, so the batches of a
+    test set are the same in all three.
+
     Args:
         src_lengths: Source tensor length per example (specials included).
-        tgt_lengths: Target tensor length per example.
+        tgt_lengths: Target tensor length per example; ``None``: count the source only.
         max_tokens: Padded tokens per batch: ``B * max(S, T) <= max_tokens``.
         shuffle: Training mode: random tie-breaks and batch order per epoch.
             ``False`` gives a deterministic order sorted by length.
@@ -109,21 +118,28 @@ class TokenBudgetBatchSampler:
         world_size: Number of data-parallel ranks.
         uneven: ``"repeat"`` or ``"drop"`` leftover batches so every rank
             gets the same number (see the module docstring).
+        max_sentences: At most this many examples per batch (``None``: no bound).
     """
 
     def __init__(
         self,
         src_lengths: np.ndarray | Sequence[int],
-        tgt_lengths: np.ndarray | Sequence[int],
+        tgt_lengths: np.ndarray | Sequence[int] | None,
         max_tokens: int,
         shuffle: bool = True,
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
         uneven: Literal["repeat", "drop"] = "repeat",
+        max_sentences: int | None = None,
     ) -> None:
         self.src_lengths = np.asarray(src_lengths, dtype=np.int64)
-        self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
+        source_only = tgt_lengths is None
+        self.tgt_lengths = (
+            np.zeros_like(self.src_lengths)
+            if source_only
+            else np.asarray(tgt_lengths, dtype=np.int64)
+        )
         if self.src_lengths.shape != self.tgt_lengths.shape or self.src_lengths.ndim != 1:
             raise ValueError(
                 f"src_lengths {self.src_lengths.shape} and tgt_lengths "
@@ -135,6 +151,9 @@ class TokenBudgetBatchSampler:
             raise ValueError(f"Need 0 <= rank < world_size, got rank={rank}, world={world_size}.")
         if uneven not in ("repeat", "drop"):
             raise ValueError(f"uneven must be 'repeat' or 'drop', got {uneven!r}.")
+        if max_sentences is not None and max_sentences < 1:
+            raise ValueError(f"max_sentences must be >= 1, got {max_sentences}.")
+        self.max_sentences = max_sentences
         self.max_tokens = int(max_tokens)
         self.shuffle = shuffle
         self.seed = int(seed)
@@ -142,7 +161,7 @@ class TokenBudgetBatchSampler:
         self.world_size = world_size
         self.uneven = uneven
         self.epoch = 0
-        self._sizes = np.maximum(self.src_lengths, self.tgt_lengths)
+        self._sizes = np.maximum(self.src_lengths, self.tgt_lengths)  # = src when source_only
         self._cache: tuple[int, list[np.ndarray]] | None = None
         # The batch count does not depend on the epoch: tie-breaks permute
         # examples of equal lengths, which leaves the sorted sizes, and hence
@@ -176,7 +195,7 @@ class TokenBudgetBatchSampler:
         # lexsort's last key is primary: the budgeted size, then source, target, tie-break.
         # (Multi30k, 4096 tokens: 95.9% real tokens, vs 93.7% sorting by source first.)
         order = np.lexsort((tie_break, self.tgt_lengths, self.src_lengths, self._sizes))
-        batches = pack_by_budget(order, self._sizes, self.max_tokens)
+        batches = pack_by_budget(order, self._sizes, self.max_tokens, self.max_sentences)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         self._cache = (epoch, batches)
@@ -220,6 +239,34 @@ class TokenBudgetBatchSampler:
     def padding_efficiency(self) -> float:
         """Real-token fraction of this rank's batches in the current epoch."""
         return padding_efficiency(self.batches(), self.src_lengths, self.tgt_lengths)
+
+
+def decode_sampler(
+    src_lengths: np.ndarray | Sequence[int],
+    max_tokens: int | None,
+    max_sentences: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> TokenBudgetBatchSampler:
+    """The batches every decoding path uses: sorted by source length, budget ``B * max(S)``.
+
+    Args:
+        src_lengths: Source tensor length per example (ids after the cut, plus ``<eos>``).
+        max_tokens: Padded source tokens per batch; a sentence longer than the budget gets a
+            batch of its own. ``None``: no token bound (``max_sentences`` alone).
+        max_sentences: At most this many sentences per batch.
+    """
+    lengths = np.asarray(src_lengths, dtype=np.int64)
+    budget = 2**62 if max_tokens is None else max(int(max_tokens), int(lengths.max(initial=1)))
+    return TokenBudgetBatchSampler(
+        lengths,
+        None,
+        max_tokens=budget,
+        shuffle=False,
+        rank=rank,
+        world_size=world_size,
+        max_sentences=max_sentences,
+    )
 
 
 def random_order_batches(

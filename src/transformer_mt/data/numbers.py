@@ -100,10 +100,15 @@ def _cap(text: str) -> str:
 
 
 def spell(numbers: Sequence[int], lang: str) -> list[str]:
-    """Cardinal number words in ``lang`` (en, de, fr) via ``num2words``."""
+    """Cardinal number words in ``lang`` (en, de, fr, ...) via ``num2words``."""
     from num2words import num2words
 
-    return [num2words(int(n), lang=lang) for n in numbers]
+    try:
+        return [num2words(int(n), lang=lang) for n in numbers]
+    except NotImplementedError:
+        raise ValueError(
+            f"num2words cannot spell numbers in {lang!r}; pick e.g. en, de or fr."
+        ) from None
 
 
 def number_sentences(

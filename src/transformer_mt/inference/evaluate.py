@@ -3,9 +3,14 @@
 ``python evaluate.py ckpt_path=PATH`` scores a checkpoint on the test split of the data it was
 trained on, with the tokenizer and model config stored in the checkpoint; overrides pick
 another split, other files or other decoding options (see ``configs/evaluate.yaml``). The
-data config comes from, in order: the checkpoint (``transformer_mt.data``), the training run's
-``.hydra/config.yaml`` next to the checkpoint's folder, or the overrides alone; non-null
-``data.*`` overrides always win.
+data config (:class:`~transformer_mt.data.config.DataConfig`) comes from, in order: the
+checkpoint (``transformer_mt.data``), the training run's ``.hydra/config.yaml`` next to the
+checkpoint's folder, or the overrides alone; non-null ``data.*`` overrides always win.
+
+No Lightning: the split is built by :func:`transformer_mt.data.prepare.prepare` and batched by
+:func:`~transformer_mt.data.prepare.decode_loader`, the loader of validation and test in
+training, and decoded by the same loop (:mod:`transformer_mt.inference.decode`), so the BLEU
+printed here is the trainer's ``test/bleu`` for the same checkpoint and decoding options.
 
 Results go to ``results.json`` and the hypotheses to a text file in the run directory, and a
 short table is printed.
@@ -13,11 +18,10 @@ short table is printed.
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -26,10 +30,18 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
+from transformer_mt.data.collate import source_limit
+from transformer_mt.data.config import DataConfig, register_stored_overrides
+from transformer_mt.data.prepare import PreparedData, decode_loader, prepare
+from transformer_mt.files import write_text_atomic
+from transformer_mt.inference.decode import decode, progress_bar
 from transformer_mt.inference.metrics import corpus_scores
 from transformer_mt.inference.translate import Translator, resolve_device, search_config
 
 log = logging.getLogger(__name__)
+
+# configs/evaluate.yaml's default `data: stored` (every key null = as stored).
+register_stored_overrides()
 
 
 class DataMismatchError(ValueError):
@@ -75,12 +87,11 @@ def _training_run_data(ckpt_path: Path) -> dict[str, Any] | None:
     return None
 
 
-def resolve_data_config(cfg_data: Any, loaded: LoadedModel) -> tuple[dict[str, Any], str]:
+def resolve_data_config(cfg_data: Any, loaded: LoadedModel) -> tuple[DataConfig, str]:
     """The data config to evaluate on and where it came from.
 
     Returns:
-        ``(config, origin)``: the keyword arguments of ``TranslationDataModule`` (without
-        ``tokenizer``/``work_dir``) and ``"checkpoint"``, ``"training run"`` or ``"overrides"``.
+        ``(config, origin)``: origin is ``"checkpoint"``, ``"training run"`` or ``"overrides"``.
     """
     if cfg_data is None:
         overlay: dict[str, Any] = {}
@@ -101,54 +112,33 @@ def resolve_data_config(cfg_data: Any, loaded: LoadedModel) -> tuple[dict[str, A
             "run was found; name the data: data=numbers (with the training overrides, e.g. "
             "data.sizes.train=N), data=multi30k data.source=files, or data=files data.dir=DIR"
         )
-    from transformer_mt.data.datamodule import TranslationDataModule
-
-    accepted = set(inspect.signature(TranslationDataModule.__init__).parameters) - {
-        "self",
-        "tokenizer",
-        "work_dir",
-    }
-    ignored = sorted(set(merged) - accepted - {"_target_"})
-    if ignored:
-        log.debug("data config keys not used for evaluation: %s", ignored)
-    return {k: v for k, v in merged.items() if k in accepted}, origin
+    return DataConfig.from_dict(merged), origin
 
 
-def check_languages(data: Mapping[str, Any], loaded: LoadedModel) -> None:
+def check_languages(data: DataConfig, loaded: LoadedModel) -> None:
     """The data's languages must be the checkpoint's."""
     for side, have, want in (
-        ("source", data.get("src_lang"), loaded.src_lang),
-        ("target", data.get("tgt_lang"), loaded.tgt_lang),
+        ("source", data.src_lang, loaded.src_lang),
+        ("target", data.tgt_lang, loaded.tgt_lang),
     ):
-        if have is not None and want is not None and have != want:
+        if want is not None and have != want:
             raise DataMismatchError(
                 f"{loaded.path} translates {loaded.src_lang}->{loaded.tgt_lang} but the data "
-                f"is {data.get('src_lang')}->{data.get('tgt_lang')} ({side} language differs); "
+                f"is {data.src_lang}->{data.tgt_lang} ({side} language differs); "
                 f"set data.src_lang={loaded.src_lang} data.tgt_lang={loaded.tgt_lang} or use "
                 "a checkpoint trained for this direction"
             )
 
 
-def load_split(
-    data: dict[str, Any], loaded: LoadedModel, split: str
-) -> tuple[list[str], list[str], list[list[int]], int]:
-    """Sources, references, source ids (truncated to ``max_len``) of one split, and max_tokens."""
-    from transformer_mt.data.datamodule import TranslationDataModule
-
-    datamodule = TranslationDataModule(
-        **data, tokenizer=loaded.tokenizer, work_dir=None, only_splits=[split]
-    )
-    datamodule.prepare_data()
-    datamodule.setup("test")
-    if split not in datamodule.splits:
+def load_split(data: DataConfig, loaded: LoadedModel, split: str) -> PreparedData:
+    """Tokenize one split of ``data`` with the checkpoint's tokenizer."""
+    prepared = prepare(data, tokenizer=loaded.tokenizer, only_splits=[split])
+    if split not in prepared.splits:
         raise DataMismatchError(
-            f"no split {split!r} in the data; it has {datamodule.available_splits}. Add one with "
+            f"no split {split!r} in the data; it has {prepared.available_splits}. Add one with "
             f"'+data.prefixes.{split}=FILE_PREFIX' (files) or choose split=test"
         )
-    rows = datamodule.splits[split]
-    limit = min(datamodule.max_len, loaded.config.max_len - 1)
-    src_ids = [list(ids[:limit]) for ids in rows["src_ids"]]
-    return list(rows["src"]), list(rows["tgt"]), src_ids, datamodule.eval_max_tokens
+    return prepared
 
 
 def _read_lines(path: str, what: str) -> list[str]:
@@ -186,6 +176,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     max_tokens, max_sentences = batch.get("max_tokens"), batch.get("sentences")
 
     source_file = cfg.get("source_file")
+    progress = bool(cfg.get("progress", True))
     if source_file:
         sources = _read_lines(str(source_file), "source_file")
         reference_file = cfg.get("reference_file")
@@ -196,7 +187,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 f"{len(references)}; they must be line-aligned"
             )
         translator = Translator(loaded, search, max_tokens, max_sentences)
-        src_ids = translator.encode(sources, where=str(source_file))
+        batches: Iterable[dict[str, Any]] = translator.batches(
+            translator.encode(sources, where=str(source_file))
+        )
+        max_tokens = translator.max_tokens
         data_info: dict[str, Any] = {
             "source_file": str(source_file),
             "reference_file": str(reference_file) if reference_file else None,
@@ -205,22 +199,24 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         data, origin = resolve_data_config(cfg.get("data"), loaded)
         check_languages(data, loaded)
         split = str(cfg.get("split", "test"))
-        sources, references, src_ids, data_max_tokens = load_split(data, loaded, split)
+        prepared = load_split(data, loaded, split)
+        sources, references = (
+            list(prepared.splits[split]["src"]),
+            list(prepared.splits[split]["tgt"]),
+        )
         if max_tokens is None and max_sentences is None:
-            max_tokens = data_max_tokens
-        translator = Translator(loaded, search, max_tokens, max_sentences)
-        data_info = {"split": split, "origin": origin, "config": data}
+            max_tokens = data.eval_max_tokens
+        limit = source_limit(data.max_len, loaded.config.max_len)
+        batches = decode_loader(prepared, split, limit, max_tokens, max_sentences)
+        data_info = {"split": split, "origin": origin, "config": data.to_dict()}
 
-    log.info(
-        "decoding %d sentences on %s: %s",
-        len(sources),
-        device,
-        "greedy" if search.beam_size == 1 else f"beam {search.beam_size}",
-    )
+    log.info("decoding %d sentences on %s: %s", len(sources), device, _search_name(search))
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     start = time.perf_counter()
-    hyp_ids = translator.translate_ids(src_ids, progress=bool(cfg.get("progress", True)))
+    tok = loaded.tokenizer
+    with progress_bar(progress, len(sources)) as advance:
+        hyp_ids = decode(loaded.model, batches, tok.bos_id, tok.eos_id, search, advance)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
@@ -238,8 +234,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "data": data_info,
         "decoding": {
             **asdict(search),
-            "max_tokens": translator.max_tokens,
-            "batch_sentences": translator.max_sentences,
+            "max_tokens": max_tokens,
+            "batch_sentences": max_sentences,
             "device": device,
         },
         "n_sentences": len(sources),
@@ -256,11 +252,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     results["hypotheses_path"] = str(hyp_path)
     for path in (results_path, hyp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
-    hyp_path.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-    results_path.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    write_text_atomic(hyp_path, "".join(h + "\n" for h in hypotheses))
+    write_text_atomic(results_path, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     results["results_path"] = str(results_path)
     _print_table(results)
     return results
+
+
+def _search_name(search: Any) -> str:
+    return "greedy" if search.beam_size == 1 else f"beam {search.beam_size}"
 
 
 def _print_table(results: dict[str, Any]) -> None:

@@ -4,8 +4,9 @@
 
 One output line per input line, in order. Empty and whitespace-only lines give empty lines;
 sentences are sorted by length and batched by a token budget (or a sentence count), then put
-back in input order; a source longer than the model's positional ``max_len`` is truncated
-with a warning. Byte-level BPE encodes any Unicode text (emoji, CJK), so no input crashes the
+back in input order, by the decode loop validation and evaluate.py use
+(:mod:`transformer_mt.inference.decode`); a source longer than the checkpoint's
+``data.max_len`` (or the model's positional ``max_len`` - 1) is cut with a warning. Byte-level BPE encodes any Unicode text (emoji, CJK), so no input crashes the
 tokenizer.
 """
 
@@ -20,17 +21,21 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any, TextIO
 
-import numpy as np
 import torch
 
 from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
-from transformer_mt.data.batching import pack_by_budget
-from transformer_mt.inference.search import SearchConfig, generate
+from transformer_mt.data.batching import decode_sampler
+from transformer_mt.data.collate import Collate, source_limit
+from transformer_mt.data.config import DataConfig
+from transformer_mt.inference.decode import decode, progress_bar
+from transformer_mt.inference.search import SearchConfig
 
 log = logging.getLogger(__name__)
 
+#: Budget when neither the caller nor the checkpoint's data config gives one.
+DEFAULT_MAX_TOKENS = 4096
 
-#: Characters ``str.splitlines`` breaks on; a hypothesis must not contain any (one line out).
+
 def resolve_device(device: str | None) -> str:
     """``"auto"``/``None`` -> ``"cuda"`` if available, else ``"mps"`` if available, else CPU."""
     if device in (None, "", "auto"):
@@ -52,34 +57,29 @@ def search_config(decoding: dict[str, Any] | None, **overrides: Any) -> SearchCo
     return SearchConfig(**values)
 
 
-def length_batches(
-    lengths: Sequence[int], max_tokens: int | None = None, max_sentences: int | None = None
-) -> list[np.ndarray]:
-    """Indices sorted by length (longest first), cut into batches.
-
-    ``max_tokens`` bounds the padded size ``B * max(len)`` (the data module's token budget,
-    :func:`~transformer_mt.data.batching.pack_by_budget`); ``max_sentences`` bounds ``B``.
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    order = np.argsort(-lengths, kind="stable")
-    if max_tokens is not None:
-        batches = pack_by_budget(order, lengths, max(int(max_tokens), int(lengths.max(initial=1))))
-    else:
-        batches = [order]
-    if max_sentences is not None:
-        batches = [
-            b[i : i + max_sentences] for b in batches for i in range(0, len(b), max_sentences)
-        ]
-    return [b for b in batches if len(b)]
+def stored_data_config(loaded: LoadedModel) -> DataConfig | None:
+    """The data config the checkpoint stores (``None`` if it stores none)."""
+    if not loaded.data:
+        return None
+    try:
+        return DataConfig.from_dict(loaded.data)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{loaded.path} holds an invalid data config: {err}") from None
 
 
 class Translator:
-    """Batched translation with a loaded checkpoint.
+    """Batched translation with a loaded checkpoint, through the one decode loop.
+
+    Sources are cut like the test split of training (:func:`source_limit` of the stored
+    ``data.max_len`` and the model's ``max_len``) and batched like it (the stored
+    ``data.eval_max_tokens`` is the default budget), so translating a test set gives the
+    hypotheses evaluate.py and the trainer score.
 
     Args:
         loaded: the model and tokenizer (:func:`transformer_mt.checkpoint.load_model`).
         search: decoding options (beam_size 1 = greedy).
-        max_tokens: padded source tokens per batch (default when neither bound is given: 4096).
+        max_tokens: padded source tokens per batch (default when neither bound is given: the
+            checkpoint's ``data.eval_max_tokens``, else 4096).
         max_sentences: sentences per batch (instead of, or on top of, ``max_tokens``).
     """
 
@@ -98,24 +98,28 @@ class Translator:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.search = search or search_config(loaded.decoding)
+        data = stored_data_config(loaded)
         if max_tokens is None and max_sentences is None:
-            max_tokens = 4096
+            max_tokens = DEFAULT_MAX_TOKENS if data is None else data.eval_max_tokens
         self.max_tokens, self.max_sentences = max_tokens, max_sentences
-        #: source tokens the model can take: its positional max_len, minus one for <eos>
-        self.max_source_tokens = loaded.config.max_len - 1
+        #: source ids kept per sentence: the rule of every decoding path
+        self.limit = source_limit(None if data is None else data.max_len, loaded.config.max_len)
+        tok = self.tokenizer
+        self.collate = Collate(tok.pad_id, tok.bos_id, tok.eos_id, self.limit)
 
     @property
     def device(self) -> torch.device:
         return self.loaded.device
 
     def encode(self, lines: Sequence[str], where: str = "input") -> list[list[int]]:
-        """Source ids per line (no ``<eos>``); over-long lines truncated with a warning."""
+        """Source ids per line (no ``<eos>``); over-long lines are cut with a warning."""
         ids = self.tokenizer.encode_src_batch([line.strip() for line in lines])
-        limit = self.max_source_tokens
-        long_lines = [i for i, seq in enumerate(ids) if len(seq) > limit]
+        limit = self.limit
+        long_lines = [i for i, seq in enumerate(ids) if limit is not None and len(seq) > limit]
         for i in long_lines[:5]:
             log.warning(
-                "%s line %d has %d tokens, more than the model's max_len %d: truncated",
+                "%s line %d has %d tokens, more than the %d a sentence may have (data.max_len, "
+                "or the model's max_len - 1): truncated",
                 where,
                 i + 1,
                 len(ids[i]),
@@ -125,13 +129,12 @@ class Translator:
             log.warning("... %d long lines truncated in all", len(long_lines))
         return [seq[:limit] for seq in ids]
 
-    def _source_tensor(self, rows: list[list[int]]) -> torch.Tensor:
-        eos, pad = self.tokenizer.eos_id, self.tokenizer.pad_id
-        width = max(len(r) for r in rows) + 1
-        src = torch.full((len(rows), width), pad, dtype=torch.long)
-        for i, row in enumerate(rows):
-            src[i, : len(row) + 1] = torch.tensor([*row, eos], dtype=torch.long)
-        return src.to(self.device)  # (B, S)
+    def batches(self, ids: Sequence[Sequence[int]]) -> Iterator[dict[str, Any]]:
+        """Collated batches of ``ids`` in the order every decoding path uses."""
+        limit = self.limit
+        lengths = [(len(s) if limit is None else min(len(s), limit)) + 1 for s in ids]  # + <eos>
+        for batch in decode_sampler(lengths, self.max_tokens, self.max_sentences):
+            yield self.collate({"src_ids": [ids[i] for i in batch], "index": batch})
 
     def translate_ids(
         self, ids: Sequence[Sequence[int]], progress: bool = False
@@ -140,27 +143,13 @@ class Translator:
 
         Empty sources give empty outputs without running the model.
         """
-        out: list[list[int]] = [[] for _ in ids]
-        todo = [i for i, seq in enumerate(ids) if len(seq) > 0]
-        if not todo:
-            return out
-        lengths = [len(ids[i]) + 1 for i in todo]
-        batches = length_batches(lengths, self.max_tokens, self.max_sentences)
-        eos = self.tokenizer.eos_id
-        with _progress(progress, len(todo)) as advance:
-            for batch in batches:
-                rows = [list(ids[todo[j]]) for j in batch]
-                hyp = generate(
-                    self.model,
-                    self._source_tensor(rows),
-                    self.tokenizer.bos_id,
-                    eos,
-                    self.search,
-                ).tolist()
-                for j, seq in zip(batch, hyp):
-                    out[todo[j]] = seq[: seq.index(eos)] if eos in seq else seq
-                advance(len(batch))
-        return out
+        if not ids:
+            return []
+        tok = self.tokenizer
+        with progress_bar(progress, len(ids)) as advance:
+            return decode(
+                self.model, self.batches(ids), tok.bos_id, tok.eos_id, self.search, advance
+            )
 
     def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
         """One translation per line, in order; never a line break inside a translation."""
@@ -177,50 +166,12 @@ class Translator:
         bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
         scores = []
         for src_ids, out_ids in zip(sources, outputs):
-            src = self._source_tensor([list(src_ids)])
+            src = self.collate({"src_ids": [src_ids], "index": [0]})["src"].to(self.device)
             tgt = torch.tensor([[bos, *out_ids, eos]], device=self.device)  # (1, T + 1)
             logits = self.model(src, tgt[:, :-1])  # (1, T, V)
             lp = logits.float().log_softmax(-1).gather(-1, tgt[:, 1:, None])  # (1, T, 1)
             scores.append(float(lp.sum()))
         return scores
-
-
-class _progress:
-    """A rich progress bar on stderr (or nothing) as a context giving ``advance(n)``."""
-
-    def __init__(self, enabled: bool, total: int) -> None:
-        self.enabled, self.total = enabled, total
-        self._bar: Any = None
-
-    def __enter__(self) -> Any:
-        if not self.enabled:
-            return lambda n: None
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self._bar = Progress(
-            TextColumn("translating"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        )
-        self._bar.start()
-        task = self._bar.add_task("translate", total=self.total)
-        return lambda n: self._bar.advance(task, n)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
 
 
 # ----------------------------------------------------------------------------- command line
@@ -258,7 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-len-a", type=float, help="output length cap a * src_len + b: a")
     parser.add_argument("--max-len-b", type=int, help="output length cap a * src_len + b: b")
     parser.add_argument(
-        "--max-tokens", type=int, help="padded source tokens per batch (default 4096)"
+        "--max-tokens",
+        type=int,
+        help="padded source tokens per batch (default: the checkpoint's data.eval_max_tokens)",
     )
     parser.add_argument("--batch-size", type=int, help="sentences per batch (instead of tokens)")
     parser.add_argument(

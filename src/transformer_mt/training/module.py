@@ -20,8 +20,9 @@ from torch import Tensor
 from transformer_mt.checkpoint import CHECKPOINT_KEY, write_metadata
 from transformer_mt.cli import NonFiniteLossError
 from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.inference.decode import decode_batch
 from transformer_mt.inference.metrics import corpus_scores
-from transformer_mt.inference.search import SearchConfig, generate
+from transformer_mt.inference.search import SearchConfig
 from transformer_mt.model.transformer import ModelConfig, Transformer
 from transformer_mt.training.budget import find_budget
 from transformer_mt.training.loss import label_smoothed_loss
@@ -210,10 +211,12 @@ class TranslationModule(pl.LightningModule):
         self._eval_smoothed[1] += int(n_tokens)
         if self.tokenizer is None:
             return
-        hyp_ids = generate(
-            self.model, batch["src"], self.tokenizer.bos_id, self.tokenizer.eos_id, self.search
+        # The decode loop of evaluate.py and translate, one batch at a time (Lightning drives
+        # the loop here); _eval_end puts the outputs back in corpus order by index.
+        hyp_ids = decode_batch(
+            self.model, batch, self.tokenizer.bos_id, self.tokenizer.eos_id, self.search
         )
-        hyps = self.tokenizer.decode_hypotheses(hyp_ids.tolist())
+        hyps = self.tokenizer.decode_hypotheses(hyp_ids)
         for i, src, ref, hyp in zip(
             batch["index"].tolist(), batch["src_text"], batch["tgt_text"], hyps
         ):

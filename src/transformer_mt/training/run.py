@@ -13,6 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_mt.cli import NonFiniteLossError, TrainingInterrupted, UserError
+from transformer_mt.data.datamodule import TranslationDataModule
 from transformer_mt.model.transformer import ModelConfig
 from transformer_mt.training.budget import TrainingBudget
 from transformer_mt.training.callbacks import AtomicCheckpointIO, is_interrupt
@@ -72,9 +73,10 @@ def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
     check_output_dir(run_dir)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
 
-    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    assert isinstance(data_cfg, dict)
-    datamodule = hydra.utils.instantiate(data_cfg, work_dir=str(run_dir))
+    data_config = hydra.utils.instantiate(cfg.data, _convert_="all")  # a DataConfig
+    datamodule = TranslationDataModule(
+        data_config, work_dir=run_dir, model_max_len=cfg.model.get("max_len")
+    )
     datamodule.prepare_data()
     datamodule.setup("fit")
     tokenizer = datamodule.tokenizer
@@ -88,7 +90,7 @@ def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
         optimizer=hydra.utils.instantiate(cfg.optimizer),
         tokenizer=tokenizer,
         # Stored in checkpoints: evaluate.py rebuilds the test split from it.
-        data_config={k: v for k, v in data_cfg.items() if k not in ("work_dir", "tokenizer")},
+        data_config=data_config.to_dict(),
         src_lang=datamodule.src_lang,
         tgt_lang=datamodule.tgt_lang,
         **module_args,
