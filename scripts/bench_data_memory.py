@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from transformer_mt.data.config import DataConfig
 from transformer_mt.data.datamodule import TranslationDataModule
 
 log = logging.getLogger("bench_data_memory")
@@ -108,18 +109,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     started = time.perf_counter()
     datamodule = TranslationDataModule(
-        source="files",
-        src_lang=args.src_lang,
-        tgt_lang=args.tgt_lang,
-        dir=str(args.dir),
-        prefixes={"train": "train", "validation": "val", "test": "test"},
-        file_format="parallel",
-        vocab_size=args.vocab_size,
-        max_tokens=args.max_tokens,
-        max_len=args.max_len,
-        num_proc=args.num_proc,
-        cache_dir=None if args.cache_dir is None else str(args.cache_dir),
-        work_dir=None if args.work_dir is None else str(args.work_dir),
+        DataConfig(
+            source="files",
+            src_lang=args.src_lang,
+            tgt_lang=args.tgt_lang,
+            dir=str(args.dir),
+            prefixes={"train": "train", "validation": "val", "test": "test"},
+            file_format="parallel",
+            vocab_size=args.vocab_size,
+            max_tokens=args.max_tokens,
+            eval_max_tokens=args.max_tokens,
+            max_len=args.max_len,
+            num_proc=args.num_proc,
+            cache_dir=None if args.cache_dir is None else str(args.cache_dir),
+        ),
+        work_dir=args.work_dir,
     )
     datamodule.prepare_data()
     datamodule.setup("fit")

@@ -29,7 +29,8 @@ from transformer_mt.data.batching import (
     padding_efficiency,
     random_order_batches,
 )
-from transformer_mt.data.datamodule import TranslationDataModule
+from transformer_mt.data.config import DataConfig
+from transformer_mt.data.prepare import prepare
 
 log = logging.getLogger("data_stats")
 
@@ -66,23 +67,26 @@ def main() -> None:
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as work_dir:
-        dm = TranslationDataModule(
-            source=args.source,
-            dir=args.dir if args.source == "files" else None,
-            src_lang=args.src_lang,
-            tgt_lang=args.tgt_lang,
-            vocab_size=args.vocab_size,
-            max_len=args.max_len,
-            max_tokens=max(max(args.max_tokens), args.max_len + 2),
-            seed=args.seed,
+        data = prepare(
+            DataConfig(
+                source=args.source,
+                dir=args.dir if args.source == "files" else None,
+                src_lang=args.src_lang,
+                tgt_lang=args.tgt_lang,
+                vocab_size=args.vocab_size,
+                max_len=args.max_len,
+                max_tokens=max(max(args.max_tokens), args.max_len + 2),
+                eval_max_tokens=None,
+                seed=args.seed,
+            ),
             work_dir=work_dir,
         )
-        dm.setup()
-    src, tgt = dm._lengths["train"]
+    src_ids, tgt_ids = data.lengths["train"]  # filtered to max_len: tensor lengths add specials
+    src, tgt = src_ids + 1, tgt_ids + 2
     results = {
         "corpus": args.dir if args.source == "files" else "generated numbers",
         "pair": f"{args.src_lang}-{args.tgt_lang}",
-        "vocab_size": dm.src_vocab_size,
+        "vocab_size": data.tokenizer.src_vocab_size,
         "train_pairs": len(src),
         "mean_src_len": float(src.mean()),
         "mean_tgt_len": float(tgt.mean()),
