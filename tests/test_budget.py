@@ -135,3 +135,11 @@ def test_a_time_budget_ends_annealed_and_tested_on_any_machine(
     )
     metrics = (tmp_path / "csv" / "metrics.csv").read_text()
     assert "test/bleu" in metrics
+
+
+@pytest.mark.parametrize("preset", ["multi30k_de_en", "multi30k_en_de"])
+def test_multi30k_presets_state_their_budget_in_wall_clock(tmp_path: Path, preset: str) -> None:
+    cfg = compose_train(tmp_path, [f"experiment={preset}"])
+    assert cfg.trainer.max_time == "00:01:00:00"
+    assert cfg.trainer.max_epochs is None and cfg.trainer.max_steps == -1  # no epoch horizon
+    assert cfg.module.lr_schedule == "linear"
