@@ -161,6 +161,7 @@ class TokenBudgetBatchSampler:
         self.world_size = world_size
         self.uneven = uneven
         self.epoch = 0
+        self._resume: tuple[int, int] | None = None  # (epoch, batches to skip), see resume()
         self._sizes = np.maximum(self.src_lengths, self.tgt_lengths)  # = src when source_only
         self._cache: tuple[int, list[np.ndarray]] | None = None
         # The batch count does not depend on the epoch: tie-breaks permute
@@ -214,19 +215,29 @@ class TokenBudgetBatchSampler:
         return batches[self.rank :: world]
 
     def resume(self, epoch: int, consumed: int) -> None:
-        """Skip the first ``consumed`` batches the next time ``epoch`` is iterated.
+        """Continue ``epoch`` after its first ``consumed`` batches, on the next iteration.
 
         Used when training resumes from a mid-epoch checkpoint, so that the rest of the epoch
-        sees exactly the batches an uninterrupted run would have seen.
+        sees exactly the batches an uninterrupted run would have seen. The resumed position
+        wins over the epoch set so far: Lightning creates the training iterator (and a
+        ``DataLoader`` with workers starts drawing batches) *before* it calls
+        :meth:`set_epoch` for the epoch being resumed, so an iteration that waited for
+        ``set_epoch`` would replay epoch 0's order in epoch >= 1. A checkpoint written after
+        the last batch of an epoch resumes at the start of the next epoch.
         """
-        self._resume = (int(epoch), int(consumed))
+        epoch, consumed = int(epoch), int(consumed)
+        if consumed >= len(self):
+            epoch, consumed = epoch + 1, 0
+        self.epoch = epoch
+        self._resume = (epoch, consumed)
 
     def __iter__(self) -> Iterator[list[int]]:
-        batches = self.batches()
-        resume = getattr(self, "_resume", None)
-        if resume is not None and resume[0] == self.epoch:
-            batches = batches[resume[1] :]
-            self._resume = None
+        resume, self._resume = self._resume, None
+        if resume is not None:
+            self.epoch = resume[0]
+            batches = self.batches(resume[0])[resume[1] :]
+        else:
+            batches = self.batches()
         for batch in batches:
             yield batch.tolist()
 

@@ -1,6 +1,6 @@
 """Checkpointing that survives kill -9, Ctrl-C and a diverging loss.
 
-Two pieces, both wired in by :func:`transformer_mt.training.run.build` / ``configs/callbacks``:
+The pieces, wired in by :func:`transformer_mt.training.run.build` / ``configs/callbacks``:
 
 - :class:`AtomicCheckpointIO` writes every checkpoint to a temporary file in the target
   directory, fsyncs it and renames it over the old one. Lightning's own save goes through
@@ -12,11 +12,25 @@ Two pieces, both wired in by :func:`transformer_mt.training.run.build` / ``confi
   resumable checkpoint when training is interrupted (Ctrl-C, SIGTERM), (b) never writes
   weights that are NaN/inf, so after a diverging loss ``last.ckpt`` still holds the last
   good state, and (c) always leaves the final step in ``last.ckpt``.
+- :class:`StopAtStepBoundary` (always on) turns Ctrl-C and SIGTERM into a stop at the end of
+  the current training step, so that the checkpoint saved on interruption holds the same
+  weights, RNG state and loop position as a regular checkpoint of that step, and a resume
+  from it is bit-identical to an uninterrupted run. A second Ctrl-C stops at once.
+- :class:`FaultInjection` (tests only) sends a signal to its own process, or fills the disk,
+  at a known training step: fault tests never race the machine's speed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -47,8 +61,54 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not take storage_options")
-        with atomic_write(str(path).removeprefix("file://")) as handle:
-            torch.save(checkpoint, handle)
+        target = Path(str(path).removeprefix("file://"))
+        try:
+            with atomic_write(target) as handle:
+                torch.save(checkpoint, handle)
+        except (OSError, RuntimeError) as exc:
+            # A failed write inside torch.save's zip writer surfaces as a RuntimeError
+            # ("unexpected pos ..."); atomic_write has already removed the temp file and left
+            # the previous checkpoint in place.
+            if isinstance(exc, RuntimeError) and not _is_write_failure(exc):
+                raise
+            raise checkpoint_write_error(target, exc) from exc
+
+
+def _is_write_failure(exc: BaseException) -> bool:
+    """A RuntimeError of torch's zip writer caused by a failed write (full disk, quota)."""
+    text = str(exc)
+    if any(word in text for word in ("unexpected pos", "file write failed", "write failed")):
+        return True
+    context = exc.__context__
+    return isinstance(context, OSError)
+
+
+def _nearly_full(directory: Path) -> bool:
+    try:
+        return shutil.disk_usage(directory).free < 2**20
+    except OSError:
+        return False
+
+
+def checkpoint_write_error(target: Path, exc: BaseException) -> OSError:
+    """The one-line error for a checkpoint that could not be written (disk full, permissions)."""
+    directory = target.parent
+    try:
+        free = f"{shutil.disk_usage(directory).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    code = next(
+        (e.errno for e in (exc, exc.__context__, exc.__cause__) if isinstance(e, OSError)),
+        None,
+    )
+    if code is None and _nearly_full(directory):
+        code = errno.ENOSPC  # torch's zip writer reports a failed write without its errno
+    reason = os.strerror(code) if code else str(exc).splitlines()[0]
+    return OSError(
+        f"cannot write checkpoint {target}: {reason} ({free} in {directory}); the previous "
+        "checkpoints are intact and no temporary file was left; free some disk space (or "
+        "lower callbacks.*.save_top_k) and resume from the last checkpoint",
+    )
 
 
 def is_interrupt(exc: BaseException) -> bool:
@@ -129,3 +189,147 @@ class SafeModelCheckpoint(ModelCheckpoint):
             )
             return
         super()._save_checkpoint(trainer, filepath)
+
+
+#: Signals that stop training at the end of the current step.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopAtStepBoundary(pl.Callback):
+    """Ctrl-C / SIGTERM stop training at the end of the current step (or validation batch).
+
+    Python raises ``KeyboardInterrupt`` wherever the signal lands: inside the forward pass
+    (after some dropout masks were drawn), between backward and the optimizer step, or in
+    the middle of the fused optimizer update. The checkpoint saved on interruption then
+    holds an RNG state from the middle of a step and a loop position Lightning restarts
+    differently, so the resumed run diverged from an uninterrupted one. This callback only
+    records the signal; at the end of the step it raises ``KeyboardInterrupt`` from
+    ``on_train_batch_end`` -- the point where regular checkpoints are written -- so the
+    interrupted run saves exactly what a regular checkpoint of that step holds.
+
+    A second Ctrl-C interrupts at once (the checkpoint is then that of the step reached).
+    SIGTERM takes the same path (Lightning's own SIGTERM handler still runs as well).
+    """
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self.requested is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        if self.requested is None:
+            log.warning(
+                "%s received: stopping at the end of this training step (Ctrl-C again to stop "
+                "at once)",
+                name,
+            )
+        self.requested = name
+
+    @contextlib.contextmanager
+    def handling_signals(self) -> Iterator[None]:
+        """Install the handlers around ``trainer.fit`` (main thread only), then restore them.
+
+        Around, not inside: Lightning saves the handlers it finds when fit starts and puts
+        them back at its teardown, so handlers installed by a callback hook would outlive fit.
+        Lightning composes its own SIGTERM handler with this one.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        self.requested = None
+        previous = {signum: signal.signal(signum, self._handler) for signum in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+    def _stop_if_requested(self) -> None:
+        if self.requested is not None:
+            raise KeyboardInterrupt(f"{self.requested} received")
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        self._stop_if_requested()
+
+    def on_validation_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        if not trainer.sanity_checking:
+            self._stop_if_requested()
+
+
+class FaultInjection(pl.Callback):
+    """Test hook: a fault at a known training step, never after a wall-clock sleep.
+
+    Enable it from the command line, e.g. SIGINT once 7 optimizer steps are done::
+
+        python train.py ... +callbacks.fault._target_=transformer_mt.training.callbacks.FaultInjection \
+            +callbacks.fault.fault=SIGINT +callbacks.fault.at_step=7
+
+    Args:
+        fault: ``SIGINT``, ``SIGTERM`` or ``SIGKILL`` (sent to this process), or
+            ``fill_disk`` (write ``<run dir>/filler`` until the file system is full).
+        at_step: fire in the first training hook that sees ``global_step == at_step``, i.e.
+            once ``at_step`` optimizer steps are done and every checkpoint of that step is on
+            disk.
+        phase: ``batch_start`` (before the next step's forward pass) or
+            ``before_optimizer_step`` (between backward and the update of step ``at_step + 1``:
+            the middle of a step).
+        filler: the file ``fill_disk`` writes.
+    """
+
+    def __init__(
+        self,
+        fault: str,
+        at_step: int,
+        phase: str = "batch_start",
+        filler: str | None = None,
+    ) -> None:
+        if fault not in ("SIGINT", "SIGTERM", "SIGKILL", "fill_disk"):
+            raise ValueError(
+                f"callbacks.fault.fault must be SIGINT, SIGTERM, SIGKILL or fill_disk, got {fault!r}"
+            )
+        if phase not in ("batch_start", "before_optimizer_step"):
+            raise ValueError(
+                f"callbacks.fault.phase must be batch_start or before_optimizer_step, got {phase!r}"
+            )
+        self.fault, self.at_step, self.phase, self.filler = fault, int(at_step), phase, filler
+        self.fired = False
+
+    def _fire(self, trainer: pl.Trainer, phase: str) -> None:
+        if self.fired or phase != self.phase or trainer.global_step != self.at_step:
+            return
+        self.fired = True
+        log.warning("fault injection: %s at step %d (%s)", self.fault, trainer.global_step, phase)
+        if self.fault == "fill_disk":
+            fill_disk(Path(self.filler or Path(trainer.default_root_dir) / "filler"))
+        else:
+            os.kill(os.getpid(), getattr(signal, self.fault))
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        self._fire(trainer, "batch_start")
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        self._fire(trainer, "before_optimizer_step")
+
+
+def fill_disk(path: Path, chunk: int = 1 << 20) -> None:
+    """Write zeros to ``path`` until the file system reports ENOSPC (tests only)."""
+    block = b"\0" * chunk
+    with open(path, "wb", buffering=0) as handle:
+        while True:
+            try:
+                handle.write(block)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+                    raise
+                if len(block) == 1:
+                    return
+                block = block[: len(block) // 2]
