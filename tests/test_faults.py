@@ -1,7 +1,11 @@
-"""Faults during training: kill -9, Ctrl-C, a diverging loss, and run-to-run determinism.
+"""Faults during training: kill -9, Ctrl-C, SIGTERM, a full disk, a diverging loss, determinism.
 
+Every fault is sent at a known training step by the test-only callback
+:class:`~transformer_mt.training.callbacks.FaultInjection` (``+callbacks.fault=...``): the
+process signals itself, or fills its disk, once N optimizer steps are done. No test waits for
+a file and then sleeps before signalling, so a slow or a fast machine cannot change the outcome.
 The subprocess tests run the real ``python train.py`` with tiny settings (tests/conftest.py
-FAST_TRAIN) and a checkpoint every few optimizer steps.
+FAST_TRAIN) and a checkpoint every 3 optimizer steps.
 """
 
 from __future__ import annotations
@@ -12,16 +16,22 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from transformer_mt.cli import EXIT_INTERRUPTED, EXIT_RUNTIME_ERROR, exit_code_for, guarded
+from transformer_mt.cli import (
+    EXIT_INTERRUPTED,
+    EXIT_RUNTIME_ERROR,
+    EXIT_USER_ERROR,
+    exit_code_for,
+    guarded,
+)
 from transformer_mt.training.callbacks import (
     AtomicCheckpointIO,
+    FaultInjection,
     SafeModelCheckpoint,
     is_interrupt,
     weights_are_finite,
@@ -33,40 +43,41 @@ from conftest import FAST_TRAIN, compose_train
 ROOT = Path(__file__).resolve().parents[1]
 STEPS_PER_EPOCH = 25  # FAST_TRAIN: 300 pairs, max_tokens 512
 EPOCHS = 8
-#: Long enough (a few seconds) to be killed mid-run, a checkpoint every 3 optimizer steps.
+SAVE_EVERY = 3
+#: A checkpoint every 3 optimizer steps; 8 epochs, so a fault always lands mid-run.
 LONG_RUN = [
     *FAST_TRAIN,
     f"trainer.max_epochs={EPOCHS}",
     "trainer.log_every_n_steps=1",
     "test_after_fit=false",
-    "callbacks.recent_checkpoints.every_n_train_steps=3",
+    f"callbacks.recent_checkpoints.every_n_train_steps={SAVE_EVERY}",
 ]
+FAULT = "transformer_mt.training.callbacks.FaultInjection"
 
 
-def start(run_dir: Path, *extra: str) -> subprocess.Popen[str]:
-    """Start ``python train.py`` writing into ``run_dir``; stderr is captured."""
+def fault(kind: str, at_step: int, phase: str = "batch_start") -> list[str]:
+    """Overrides that make the run inject ``kind`` once ``at_step`` optimizer steps are done."""
+    return [
+        f"+callbacks.fault._target_={FAULT}",
+        f"+callbacks.fault.fault={kind}",
+        f"+callbacks.fault.at_step={at_step}",
+        f"+callbacks.fault.phase={phase}",
+    ]
+
+
+def train_py(run_dir: Path, *extra: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """``python train.py`` writing into ``run_dir``, to completion; stderr is captured."""
     env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR",)}
     env.update(OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
-    return subprocess.Popen(
+    return subprocess.run(
         [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *LONG_RUN, *extra],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        timeout=timeout,
     )
-
-
-def wait_for(path: Path, process: subprocess.Popen[str], timeout: float = 120) -> None:
-    """Block until ``path`` exists (the first checkpoint), failing if training ends first."""
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if process.poll() is not None:
-            pytest.fail(f"training ended before {path} appeared: {process.stderr.read()[-2000:]}")
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"{path} did not appear within {timeout} s")
-        time.sleep(0.05)
 
 
 def load(path: Path) -> dict:
@@ -74,28 +85,33 @@ def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def kill_and_check(tmp_path: Path, delay: float) -> tuple[Path, int]:
-    """Run, kill -9 ``delay`` s after the first checkpoint; last.ckpt must load. Its step."""
+def error_line(stderr: str) -> str:
+    """The one ``error:`` line; no traceback."""
+    assert "Traceback" not in stderr, stderr[-3000:]
+    lines = [x for x in stderr.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
+
+
+def kill_and_check(tmp_path: Path, step: int) -> tuple[Path, int]:
+    """kill -9 once ``step`` steps are done; last.ckpt holds the newest save, intact."""
     run_dir = tmp_path / "killed"
     last = run_dir / "checkpoints" / "last.ckpt"
-    process = start(run_dir)
-    wait_for(last, process)
-    time.sleep(delay)
-    process.send_signal(signal.SIGKILL)
-    process.wait(timeout=60)
-    assert process.returncode == -signal.SIGKILL
+    done = train_py(run_dir, *fault("SIGKILL", step))
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
     checkpoint = load(last)  # never truncated: written to a temp file, then renamed
-    assert 0 < checkpoint["global_step"] < EPOCHS * STEPS_PER_EPOCH, "killed too late"
+    assert checkpoint["global_step"] == step - step % SAVE_EVERY
     assert "state_dict" in checkpoint
+    leftovers = [p.name for p in last.parent.iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []
     return last, int(checkpoint["global_step"])
 
 
 def resume_and_finish(tmp_path: Path, ckpt: Path, killed_step: int) -> None:
     """Resume from ``ckpt`` in a new directory: it continues from its step and completes."""
     run_dir = tmp_path / "resumed"
-    process = start(run_dir, f"ckpt_path={ckpt}")
-    _, err = process.communicate(timeout=300)
-    assert process.returncode == 0, err[-3000:]
+    done = train_py(run_dir, f"ckpt_path={ckpt}")
+    assert done.returncode == 0, done.stderr[-3000:]
     final = load(run_dir / "checkpoints" / "last.ckpt")
     assert final["global_step"] == EPOCHS * STEPS_PER_EPOCH
     with open(run_dir / "csv" / "metrics.csv") as handle:
@@ -104,45 +120,88 @@ def resume_and_finish(tmp_path: Path, ckpt: Path, killed_step: int) -> None:
 
 
 def test_kill_9_leaves_a_loadable_checkpoint(tmp_path: Path) -> None:
-    kill_and_check(tmp_path, delay=random.uniform(0.0, 1.5))
+    kill_and_check(tmp_path, step=random.Random(12).randrange(4, 3 * STEPS_PER_EPOCH))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("attempt", range(5))
-def test_kill_9_at_a_random_step_then_resume_completes(tmp_path: Path, attempt: int) -> None:
-    last, step = kill_and_check(tmp_path, delay=random.Random(attempt).uniform(0.0, 2.0))
-    resume_and_finish(tmp_path, last, step)
+def test_kill_9_at_a_seeded_step_then_resume_completes(tmp_path: Path, attempt: int) -> None:
+    step = random.Random(attempt).randrange(1, 3 * STEPS_PER_EPOCH)
+    last, saved = kill_and_check(tmp_path, step)
+    resume_and_finish(tmp_path, last, saved)
 
 
-def interrupt(tmp_path: Path) -> tuple[Path, int, str]:
-    """Send SIGINT after the first checkpoint; exit 130 with one line naming last.ckpt."""
+def interrupt(tmp_path: Path, kind: str = "SIGINT", at_step: int = 7) -> tuple[Path, int, str]:
+    """``kind`` arrives between backward and the optimizer step of step ``at_step + 1``.
+
+    The run finishes that step, saves a checkpoint of it and exits 130 with one line.
+    """
     run_dir = tmp_path / "interrupted"
     last = run_dir / "checkpoints" / "last.ckpt"
-    process = start(run_dir)
-    wait_for(last, process)
-    time.sleep(0.5)
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=120)
-    assert process.returncode == EXIT_INTERRUPTED, err[-5000:]
-    assert "Traceback" not in err
-    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
-    assert "training interrupted at step" in line
+    done = train_py(run_dir, *fault(kind, at_step, "before_optimizer_step"))
+    assert done.returncode == EXIT_INTERRUPTED, done.stderr[-5000:]
+    line = error_line(done.stderr)
+    stopped = at_step + 1  # the step in flight completes
+    assert f"training interrupted at step {stopped};" in line
     assert f"resumable checkpoint saved: {last}" in line
     assert f"ckpt_path={last}" in line
-    checkpoint = load(last)
-    step = int(line.split("at step ")[1].split(";")[0])
-    assert checkpoint["global_step"] == step  # saved at the step reached, not an older one
-    return last, step, line
+    assert load(last)["global_step"] == stopped  # saved at the step reached, not an older one
+    return last, stopped, line
 
 
 def test_ctrl_c_saves_a_resumable_checkpoint(tmp_path: Path) -> None:
-    interrupt(tmp_path)
+    interrupt(tmp_path, "SIGINT")
+
+
+def test_sigterm_saves_a_resumable_checkpoint(tmp_path: Path) -> None:
+    interrupt(tmp_path, "SIGTERM", at_step=11)
 
 
 @pytest.mark.slow
 def test_ctrl_c_then_resume_completes(tmp_path: Path) -> None:
     last, step, _ = interrupt(tmp_path)
     resume_and_finish(tmp_path, last, step)
+
+
+def test_fault_injection_rejects_unknown_faults() -> None:
+    with pytest.raises(ValueError, match="SIGINT, SIGTERM, SIGKILL or fill_disk"):
+        FaultInjection("SIGHUP", 3)
+    with pytest.raises(ValueError, match="batch_start or before_optimizer_step"):
+        FaultInjection("SIGINT", 3, phase="later")
+
+
+# ------------------------------------------------------------------------------ full disk
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 24 MiB tmpfs (needs root and mount): a real file system that can fill up."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_disk_full_mid_run_is_one_line_and_keeps_the_last_checkpoint(small_disk: Path) -> None:
+    run_dir = small_disk / "run"
+    done = train_py(run_dir, *fault("fill_disk", 7))
+    line = error_line(done.stderr)
+    assert done.returncode == EXIT_USER_ERROR, done.stderr[-3000:]
+    assert "No space left on device" in line and "free some disk space" in line
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert f"ckpt_path={last}" in line
+    assert load(last)["global_step"] == 6  # the save before the disk filled up, intact
+    debris = [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.endswith(".tmp")]
+    assert debris == []
 
 
 # ------------------------------------------------------------------------- non-finite loss

@@ -31,6 +31,15 @@ from transformer_mt.training.schedules import SCHEDULES, lr_factor
 log = logging.getLogger(__name__)
 
 
+#: ``nonfinite_loss=skip`` gives up after this many non-finite batches in a row (diverged).
+MAX_SKIPPED_IN_A_ROW = 10
+
+
+def _weights_are_finite(model: torch.nn.Module) -> bool:
+    """No parameter holds NaN/inf (checked only after a non-finite loss: not on the hot path)."""
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
 class TranslationModule(pl.LightningModule):
     """Trains a :class:`Transformer` with label smoothing, Adam and the paper's schedule.
 
@@ -94,6 +103,7 @@ class TranslationModule(pl.LightningModule):
         self._eval_loss = [0.0, 0]  # nll sum, tokens
         self._eval_smoothed = [0.0, 0]  # smoothed loss sum (token-weighted), tokens
         self.skipped_batches = 0
+        self._skipped_in_a_row = 0
 
     # ------------------------------------------------------------------ training
 
@@ -116,6 +126,22 @@ class TranslationModule(pl.LightningModule):
         if not torch.isfinite(loss):
             if self.hparams.nonfinite_loss == "skip":
                 self.skipped_batches += 1
+                self._skipped_in_a_row += 1
+                diverged = not _weights_are_finite(self.model)
+                if diverged or self._skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
+                    # Skipping cannot recover from this: every later batch would be skipped
+                    # too, and the run would end "successfully" with a useless model.
+                    why = (
+                        "the weights themselves are NaN/inf"
+                        if diverged
+                        else f"{self._skipped_in_a_row} batches in a row were non-finite"
+                    )
+                    raise NonFiniteLossError(
+                        f"training loss became {loss.item()} at step {self.global_step} and "
+                        f"{why}, so module.nonfinite_loss=skip cannot recover; lower "
+                        "optimizer.lr (or raise warmup_steps, or use bf16-mixed or 32-true "
+                        "instead of fp16) and resume from the last good checkpoint"
+                    )
                 log.warning(
                     "non-finite loss at step %d: batch skipped (%d so far)",
                     self.global_step,
@@ -128,6 +154,7 @@ class TranslationModule(pl.LightningModule):
                 "overflow (use bf16-mixed or 32-true), or corrupt data. The last checkpoint is "
                 "intact; set module.nonfinite_loss=skip to skip such batches instead"
             )
+        self._skipped_in_a_row = 0
         n = max(int(n_tokens), 1)
         # sync_dist: under DDP the logged loss is the mean over ranks, not rank 0's share.
         self.log("train/loss", loss, prog_bar=True, batch_size=n, sync_dist=True)

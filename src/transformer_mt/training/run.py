@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import os
+import shutil
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -12,41 +16,172 @@ import lightning.pytorch as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from transformer_mt.checkpoint import LoadedModel, build_model, load_checkpoint
 from transformer_mt.cli import NonFiniteLossError, TrainingInterrupted, UserError
 from transformer_mt.data.datamodule import TranslationDataModule
+from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.model.transformer import ModelConfig
 from transformer_mt.training.budget import TrainingBudget
-from transformer_mt.training.callbacks import AtomicCheckpointIO, is_interrupt
+from transformer_mt.training.callbacks import (
+    AtomicCheckpointIO,
+    StopAtStepBoundary,
+    is_interrupt,
+)
 from transformer_mt.training.module import TranslationModule
+from transformer_mt.training.rundir import (
+    check_output_dir,
+    lock_run_dir,
+    release_run_dir,
+)
 
 log = logging.getLogger(__name__)
+
+
+def model_values(cfg_model: DictConfig) -> dict[str, Any]:
+    """The model group as plain values, each checked against :class:`ModelConfig`'s types.
+
+    Raises:
+        UserError: a value of the wrong type, e.g. ``model.d_model=abc`` (one line, exit 2,
+            before any data is read).
+    """
+    values = OmegaConf.to_container(cfg_model, resolve=True)
+    assert isinstance(values, dict)
+    values.pop("name", None)
+    hints = typing.get_type_hints(ModelConfig)
+    for field in dataclasses.fields(ModelConfig):
+        if field.name not in values:
+            continue
+        value, hint = values[field.name], hints[field.name]
+        allowed = typing.get_args(hint) or (hint,)
+        ok = any(
+            (kind is type(None) and value is None)
+            or (kind is bool and isinstance(value, bool))
+            or (kind is int and isinstance(value, int) and not isinstance(value, bool))
+            or (kind is float and isinstance(value, (int, float)) and not isinstance(value, bool))
+            or (kind is str and isinstance(value, str))
+            for kind in allowed
+        )
+        if not ok:
+            names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+            wanted = " or ".join(names.get(k, "null") for k in allowed)
+            example = {int: "512", float: "0.1", bool: "true", str: "relu"}.get(allowed[0], "null")
+            raise UserError(
+                f"model.{field.name} must be {wanted}, got {value!r} "
+                f"({type(value).__name__}); set e.g. model.{field.name}={example}"
+            )
+    return values
 
 
 def model_config_from(
     cfg_model: DictConfig, src_vocab: int, tgt_vocab: int, pad_id: int
 ) -> ModelConfig:
     """ModelConfig from the Hydra model group plus the sizes the tokenizer decided."""
-    values = OmegaConf.to_container(cfg_model, resolve=True)
-    assert isinstance(values, dict)
-    values.pop("name", None)
+    values = model_values(cfg_model)
     values.update(src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, pad_id=pad_id)
     return ModelConfig.from_dict(values)
 
 
-def check_output_dir(run_dir: Path) -> None:
-    """Fail at the start, not after an hour, when the run directory cannot be written."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write_test"
-        with open(probe, "wb") as f:
-            f.write(b"\0" * 1024 * 1024)  # 1 MiB: catches a full disk as well as permissions
-        probe.unlink()
-    except OSError as exc:
+def check_max_len(data_max_len: int | None, model_max_len: int) -> None:
+    """A sentence of ``data.max_len`` tokens must fit the model's positional table.
+
+    The longest tensor row the model sees is ``data.max_len`` subword tokens plus one special
+    token: ``<eos>`` after the source, ``<bos>`` before the decoder input. Longer training
+    pairs are dropped and longer validation/test sentences truncated to ``data.max_len``, so
+    this check at start-up is what keeps every row within ``model.max_len`` positions.
+    """
+    if data_max_len is None:
+        return
+    needed = int(data_max_len) + 1
+    if needed > model_max_len:
+        raise UserError(
+            f"data.max_len={data_max_len} does not fit model.max_len={model_max_len}: a "
+            f"sentence of data.max_len tokens plus <bos>/<eos> takes {needed} positions; set "
+            f"data.max_len={model_max_len - 1} (or lower), or model.max_len={needed}"
+        )
+
+
+def check_resume_checkpoint(ckpt_path: Any) -> LoadedModel | None:
+    """Read the checkpoint to resume from, before anything else is done.
+
+    A truncated, foreign or unsafe file is a one-line :class:`CheckpointError` (exit 2)
+    here rather than a traceback from deep inside Lightning.
+    """
+    if not ckpt_path or str(ckpt_path) in ("last", "best", "hpc"):
+        return None  # Lightning's own shorthands: it finds the file itself
+    path = Path(str(ckpt_path))
+    return build_model(load_checkpoint(path), path)
+
+
+def _vocabularies(tokenizer: Tokenizer) -> tuple[dict[str, int], dict[str, int]]:
+    return tokenizer.src.get_vocab(), tokenizer.tgt.get_vocab()
+
+
+def check_resume_matches(
+    resumed: LoadedModel, tokenizer: Tokenizer, model_config: ModelConfig, run_dir: Path
+) -> None:
+    """The checkpoint to resume from was trained with this run's tokenizer and model shape.
+
+    A different vocabulary failed deep in Lightning's ``load_state_dict``; a different
+    tokenizer of the same size resumed silently, feeding the model token ids that now mean
+    other subwords.
+    """
+    path = resumed.path
+    theirs, ours = resumed.tokenizer, tokenizer
+    sizes = (
+        (theirs.src_vocab_size, theirs.tgt_vocab_size),
+        (ours.src_vocab_size, ours.tgt_vocab_size),
+    )
+    if sizes[0] != sizes[1] or _vocabularies(theirs) != _vocabularies(ours):
+        how = (
+            f"vocabulary {sizes[0][0]}/{sizes[0][1]} (src/tgt) vs this run's {sizes[1][0]}/{sizes[1][1]}"
+            if sizes[0] != sizes[1]
+            else f"the same size ({sizes[1][0]}) but different subwords"
+        )
+        raise UserError(
+            f"cannot resume from {path}: it was trained with another tokenizer than this run's "
+            f"({how}; this run's is {run_dir}/tokenizer.json); resume with the data settings "
+            "of the original run (same data.dir, data.vocab_size, ...) or copy the original "
+            f"run's tokenizer files into {run_dir}"
+        )
+    mine, saved = model_config.to_dict(), resumed.config.to_dict()
+    differ = [
+        f"model.{k}={saved[k]!r} (this run: {mine.get(k)!r})"
+        for k in saved
+        if saved[k] != mine.get(k)
+    ]
+    if differ:
+        raise UserError(
+            f"cannot resume from {path}: it holds a different model, {', '.join(differ)}; "
+            "resume with the model settings of the original run"
+        )
+
+
+def check_free_space(run_dir: Path, module: TranslationModule, callbacks: list[Any]) -> None:
+    """Fail at start-up when the checkpoints this run keeps cannot fit on the disk.
+
+    Each checkpoint holds the weights and two Adam moments (3 x the parameter bytes); the
+    checkpoint callbacks keep ``save_top_k`` files (+ ``last.ckpt``), and a save needs one
+    temporary file more.
+    """
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    per_file = 3 * sum(p.numel() * p.element_size() for p in module.parameters())
+    count = 1  # the temporary file of a save
+    for cb in callbacks:
+        if isinstance(cb, ModelCheckpoint):
+            if cb.save_top_k < 0:
+                return  # keeps every checkpoint: no bound to check against
+            count += cb.save_top_k + (1 if cb.save_last else 0)
+    needed = per_file * count
+    free = shutil.disk_usage(run_dir).free
+    if free < needed:
         raise OSError(
-            f"cannot write to the run directory {run_dir}: {exc.strerror or exc}; free some disk "
-            "space, fix its permissions, or choose another directory with hydra.run.dir=PATH "
-            "(or run_dir=PATH)"
-        ) from exc
+            f"not enough disk space for the checkpoints of this run in {run_dir}: {count} "
+            f"files of ~{per_file / 2**20:.1f} MiB need ~{needed / 2**20:.0f} MiB, "
+            f"{free / 2**20:.0f} MiB are free; free some disk space, keep fewer checkpoints "
+            "(callbacks.model_checkpoint.save_top_k, callbacks.recent_checkpoints.save_top_k) "
+            "or choose another directory with hydra.run.dir=PATH"
+        )
 
 
 def _instantiate_all(section: Any) -> list[Any]:
@@ -71,6 +206,8 @@ def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
     check_required(cfg)
     run_dir = Path(cfg.run_dir)
     check_output_dir(run_dir)
+    model_values(cfg.model)  # wrong types fail now, not after the data is prepared
+    resumed = check_resume_checkpoint(cfg.get("ckpt_path"))
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
 
     data_config = hydra.utils.instantiate(cfg.data, _convert_="all")  # a DataConfig
@@ -83,6 +220,10 @@ def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
     model_config = model_config_from(
         cfg.model, datamodule.src_vocab_size, datamodule.tgt_vocab_size, datamodule.pad_id
     )
+    check_max_len(cfg.data.get("max_len"), model_config.max_len)
+    if resumed is not None:
+        check_resume_matches(resumed, tokenizer, model_config, run_dir)
+        del resumed
     module_args = OmegaConf.to_container(cfg.module, resolve=True)
     assert isinstance(module_args, dict)
     module = TranslationModule(
@@ -107,6 +248,9 @@ def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
     callbacks = _instantiate_all(cfg.get("callbacks"))
     if not any(isinstance(cb, TrainingBudget) for cb in callbacks):
         callbacks.append(TrainingBudget())  # trainer.max_time becomes the lr horizon
+    # Ctrl-C / SIGTERM stop at the end of a step: the saved checkpoint resumes bit-identically.
+    callbacks.append(StopAtStepBoundary())
+    check_free_space(run_dir, module, callbacks)
     loggers = _instantiate_all(cfg.get("logger"))
     # Checkpoints are written to a temp file next to the target and renamed: kill -9 at any
     # moment leaves the previous last.ckpt intact (see transformer_mt.training.callbacks).
@@ -150,8 +294,11 @@ def fit(trainer: pl.Trainer, module: TranslationModule, datamodule: Any, ckpt: A
             SafeModelCheckpoint), the message says how to resume.
         NonFiniteLossError: the loss diverged; the message gains the last good checkpoint.
     """
+    stopper = next((cb for cb in trainer.callbacks if isinstance(cb, StopAtStepBoundary)), None)
+    signals = stopper.handling_signals() if stopper is not None else contextlib.nullcontext()
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
+        with signals:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
     except SystemExit:  # Lightning exits 1 after handling KeyboardInterrupt / SIGTERM
         if not trainer.interrupted:
             raise
@@ -165,6 +312,14 @@ def fit(trainer: pl.Trainer, module: TranslationModule, datamodule: Any, ckpt: A
             else "no checkpoint was written before it"
         )
         raise NonFiniteLossError(f"{exc}; {where}") from None
+    except OSError as exc:  # disk full, permissions: a user error, nothing lost
+        saved = last_checkpoint(trainer)
+        where = (
+            f"resume with: {resume_command(saved)}"
+            if saved
+            else "no checkpoint of this run was written; start it again"
+        )
+        raise OSError(f"{' '.join(str(exc).split())}; {where}") from None
     except Exception as exc:
         if is_interrupt(exc):  # Ctrl-C inside torch.save surfaces as a RuntimeError
             raise _interrupted(trainer) from None
@@ -195,6 +350,18 @@ def run(cfg: DictConfig) -> float | None:
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
 
+    run_dir = Path(cfg.run_dir)
+    check_output_dir(run_dir)
+    # One run per directory; a no-op when train.py's RunDirGuard already holds it.
+    locked_here = lock_run_dir(run_dir)
+    try:
+        return _run(cfg)
+    finally:
+        if locked_here:
+            release_run_dir(run_dir)
+
+
+def _run(cfg: DictConfig) -> float | None:
     datamodule, module, trainer = build(cfg)
     fit(trainer, module, datamodule, cfg.get("ckpt_path"))
     val_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -212,7 +379,7 @@ def run(cfg: DictConfig) -> float | None:
         test_metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
 
     if trainer.is_global_zero:
-        _print_summary(cfg, val_metrics, test_metrics, best_path, checkpoint_cb)
+        _print_summary(cfg, val_metrics, test_metrics, best_path, trainer)
     metric = cfg.get("optimized_metric")
     if metric and metric in val_metrics:
         return val_metrics[metric]
@@ -224,13 +391,15 @@ def _print_summary(
     val: dict[str, float],
     test: dict[str, float],
     best_path: str,
-    checkpoint_cb: Any,
+    trainer: pl.Trainer,
 ) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title="transformer-mt: training summary", show_header=False)
-    best = getattr(checkpoint_cb, "best_model_score", None)
+    table.add_column()
+    table.add_column(overflow="fold")  # long paths wrap instead of ending in "..."
+    best = getattr(trainer.checkpoint_callback, "best_model_score", None)
     if best is not None:
         table.add_row("best val/bleu", f"{float(best):.2f}")
     for key in ("val/bleu", "val/chrf", "val/loss"):
@@ -241,7 +410,7 @@ def _print_summary(
             table.add_row(key, f"{test[key]:.3f}")
     table.add_row("run dir", str(cfg.run_dir))
     table.add_row("best checkpoint", best_path or "-")
-    last = Path(str(cfg.run_dir)) / "checkpoints" / "last.ckpt"
-    if last.exists():
-        table.add_row("last checkpoint", str(last))
+    last = last_checkpoint(trainer)  # the file this run wrote, not a last.ckpt of another run
+    if last is not None:
+        table.add_row("last checkpoint", last)
     Console(stderr=False).print(table)

@@ -62,7 +62,10 @@ def iter_lines(path: str | os.PathLike[str]) -> Iterator[str]:
                     ) from None
                 yield line
     except (OSError, EOFError) as err:  # gzip.BadGzipFile, truncated archives
-        raise ValueError(f"{path}: cannot read it after line {number} ({err}).") from None
+        raise ValueError(
+            f"{path}: cannot read it after line {number} ({err}); the file is truncated or "
+            "corrupt: copy or download it again (gzip -t checks a .gz file)."
+        ) from None
 
 
 def _find(directory: Path, stem: str) -> Path | None:
