@@ -375,7 +375,7 @@ def test_bugs_keep_their_traceback() -> None:
 
 def test_shipped_data_and_model_configs_fit_the_positional_table(tmp_path: Path) -> None:
     """Under the defaults a sentence of data.max_len tokens + <bos>/<eos> fits model.max_len."""
-    from transformer_mt.training.run import check_max_len
+    from transformer_mt.training.checks import check_max_len
 
     configs = Path(__file__).resolve().parents[1] / "configs"
     for data in sorted(p.stem for p in (configs / "data").glob("*.yaml")):

@@ -16,8 +16,8 @@ The pieces, wired in by :func:`transformer_mt.training.run.build` / ``configs/ca
   the current training step, so that the checkpoint saved on interruption holds the same
   weights, RNG state and loop position as a regular checkpoint of that step, and a resume
   from it is bit-identical to an uninterrupted run. A second Ctrl-C stops at once.
-- :class:`FaultInjection` (tests only) sends a signal to its own process, or fills the disk,
-  at a known training step: fault tests never race the machine's speed.
+
+The test-only fault hook lives in :mod:`transformer_mt.training.faults`.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from transformer_mt.cli import NonFiniteLossError
 from transformer_mt.files import atomic_write
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,35 @@ def weights_are_finite(module: torch.nn.Module) -> bool:
     """True when no parameter or buffer of ``module`` holds NaN or inf."""
     tensors = [*module.parameters(), *module.buffers()]
     return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+
+
+#: ``module.nonfinite_loss=skip`` gives up after this many non-finite batches in a row.
+MAX_SKIPPED_IN_A_ROW = 10
+
+
+def stop_if_diverged(model: torch.nn.Module, loss: torch.Tensor, step: int, in_a_row: int) -> None:
+    """``nonfinite_loss=skip``: raise once skipping cannot recover (the model has diverged).
+
+    With NaN/inf weights, or non-finite losses batch after batch, every later batch would be
+    skipped too and the run would end "successfully" with a useless model.
+
+    Raises:
+        NonFiniteLossError: the weights are not finite, or ``in_a_row`` reached
+            :data:`MAX_SKIPPED_IN_A_ROW`.
+    """
+    diverged = not weights_are_finite(model)
+    if not diverged and in_a_row < MAX_SKIPPED_IN_A_ROW:
+        return
+    why = (
+        "the weights themselves are NaN/inf"
+        if diverged
+        else f"{in_a_row} batches in a row were non-finite"
+    )
+    raise NonFiniteLossError(
+        f"training loss became {loss.item()} at step {step} and {why}, so "
+        "module.nonfinite_loss=skip cannot recover; lower optimizer.lr (or raise warmup_steps, "
+        "or use bf16-mixed or 32-true instead of fp16) and resume from the last good checkpoint"
+    )
 
 
 class SafeModelCheckpoint(ModelCheckpoint):
@@ -259,77 +289,3 @@ class StopAtStepBoundary(pl.Callback):
     ) -> None:
         if not trainer.sanity_checking:
             self._stop_if_requested()
-
-
-class FaultInjection(pl.Callback):
-    """Test hook: a fault at a known training step, never after a wall-clock sleep.
-
-    Enable it from the command line, e.g. SIGINT once 7 optimizer steps are done::
-
-        python train.py ... +callbacks.fault._target_=transformer_mt.training.callbacks.FaultInjection \
-            +callbacks.fault.fault=SIGINT +callbacks.fault.at_step=7
-
-    Args:
-        fault: ``SIGINT``, ``SIGTERM`` or ``SIGKILL`` (sent to this process), or
-            ``fill_disk`` (write ``<run dir>/filler`` until the file system is full).
-        at_step: fire in the first training hook that sees ``global_step == at_step``, i.e.
-            once ``at_step`` optimizer steps are done and every checkpoint of that step is on
-            disk.
-        phase: ``batch_start`` (before the next step's forward pass) or
-            ``before_optimizer_step`` (between backward and the update of step ``at_step + 1``:
-            the middle of a step).
-        filler: the file ``fill_disk`` writes.
-    """
-
-    def __init__(
-        self,
-        fault: str,
-        at_step: int,
-        phase: str = "batch_start",
-        filler: str | None = None,
-    ) -> None:
-        if fault not in ("SIGINT", "SIGTERM", "SIGKILL", "fill_disk"):
-            raise ValueError(
-                f"callbacks.fault.fault must be SIGINT, SIGTERM, SIGKILL or fill_disk, got {fault!r}"
-            )
-        if phase not in ("batch_start", "before_optimizer_step"):
-            raise ValueError(
-                f"callbacks.fault.phase must be batch_start or before_optimizer_step, got {phase!r}"
-            )
-        self.fault, self.at_step, self.phase, self.filler = fault, int(at_step), phase, filler
-        self.fired = False
-
-    def _fire(self, trainer: pl.Trainer, phase: str) -> None:
-        if self.fired or phase != self.phase or trainer.global_step != self.at_step:
-            return
-        self.fired = True
-        log.warning("fault injection: %s at step %d (%s)", self.fault, trainer.global_step, phase)
-        if self.fault == "fill_disk":
-            fill_disk(Path(self.filler or Path(trainer.default_root_dir) / "filler"))
-        else:
-            os.kill(os.getpid(), getattr(signal, self.fault))
-
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
-    ) -> None:
-        self._fire(trainer, "batch_start")
-
-    def on_before_optimizer_step(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
-    ) -> None:
-        self._fire(trainer, "before_optimizer_step")
-
-
-def fill_disk(path: Path, chunk: int = 1 << 20) -> None:
-    """Write zeros to ``path`` until the file system reports ENOSPC (tests only)."""
-    block = b"\0" * chunk
-    with open(path, "wb", buffering=0) as handle:
-        while True:
-            try:
-                handle.write(block)
-            except OSError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-                    raise
-                if len(block) == 1:
-                    return
-                block = block[: len(block) // 2]

@@ -25,19 +25,11 @@ from transformer_mt.inference.metrics import corpus_scores
 from transformer_mt.inference.search import SearchConfig
 from transformer_mt.model.transformer import ModelConfig, Transformer
 from transformer_mt.training.budget import find_budget
+from transformer_mt.training.callbacks import stop_if_diverged
 from transformer_mt.training.loss import label_smoothed_loss
 from transformer_mt.training.schedules import SCHEDULES, lr_factor
 
 log = logging.getLogger(__name__)
-
-
-#: ``nonfinite_loss=skip`` gives up after this many non-finite batches in a row (diverged).
-MAX_SKIPPED_IN_A_ROW = 10
-
-
-def _weights_are_finite(model: torch.nn.Module) -> bool:
-    """No parameter holds NaN/inf (checked only after a non-finite loss: not on the hot path)."""
-    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
 class TranslationModule(pl.LightningModule):
@@ -127,21 +119,7 @@ class TranslationModule(pl.LightningModule):
             if self.hparams.nonfinite_loss == "skip":
                 self.skipped_batches += 1
                 self._skipped_in_a_row += 1
-                diverged = not _weights_are_finite(self.model)
-                if diverged or self._skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
-                    # Skipping cannot recover from this: every later batch would be skipped
-                    # too, and the run would end "successfully" with a useless model.
-                    why = (
-                        "the weights themselves are NaN/inf"
-                        if diverged
-                        else f"{self._skipped_in_a_row} batches in a row were non-finite"
-                    )
-                    raise NonFiniteLossError(
-                        f"training loss became {loss.item()} at step {self.global_step} and "
-                        f"{why}, so module.nonfinite_loss=skip cannot recover; lower "
-                        "optimizer.lr (or raise warmup_steps, or use bf16-mixed or 32-true "
-                        "instead of fp16) and resume from the last good checkpoint"
-                    )
+                stop_if_diverged(self.model, loss, self.global_step, self._skipped_in_a_row)
                 log.warning(
                     "non-finite loss at step %d: batch skipped (%d so far)",
                     self.global_step,
