@@ -57,7 +57,8 @@ EDGE_TRAIN = [
     "model.n_decoder_layers=1",
     "trainer.max_epochs=2",
 ]
-#: The tiny model on 4,000 number sentences: test BLEU ~90 after about a minute on 2 cores.
+#: A small model on 4,000 number sentences: test BLEU ~85 (val 10.9 -> 86.7 over the 6 epochs)
+#: after 35 s of CPU time (70-120 s wall on the shared 2-core machine).
 TRAINED = [
     *COMMON,
     "data.sizes.train=4000",
