@@ -30,6 +30,7 @@ from transformer_mt.training.checks import (
     model_values,
 )
 from transformer_mt.training.module import TranslationModule
+from transformer_mt.training.precision import resolve_precision
 from transformer_mt.training.rundir import (
     check_output_dir,
     lock_run_dir,
@@ -121,8 +122,17 @@ def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
     plugins = list(cfg.trainer.get("plugins") or [])
     if not any(isinstance(p, AtomicCheckpointIO) for p in plugins):
         plugins.append(AtomicCheckpointIO())
+    # trainer.precision=auto: what this machine runs fastest (training/precision.py).
+    choice = resolve_precision(
+        cfg.trainer.get("precision"), cfg.trainer.get("accelerator"), module.model
+    )
+    log.info("precision: %s (%s)", choice.precision, choice.reason)
     trainer = hydra.utils.instantiate(
-        cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=plugins
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=loggers or False,
+        plugins=plugins,
+        precision=choice.precision,
     )
     return datamodule, module, trainer
 
