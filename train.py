@@ -4,6 +4,15 @@ Thin entry point: Hydra composes configs/train.yaml, transformer_mt.training.run
 transformer_mt.cli turns user mistakes into one `error: ...` line (docs/errors.md).
 """
 
+import os
+
+# OpenMP reads its wait policy once, when torch loads it: set it before anything imports
+# torch. PASSIVE threads sleep between parallel regions instead of spinning. On a busy CPU a
+# spinning thread burns the core its descheduled sibling needs (2-thread training was 3-10x
+# slower so); on a quiet one spinning gains ~5% (docs/benchmarks/loop_threads.json). An
+# OMP_WAIT_POLICY already in the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import hydra
 from omegaconf import DictConfig
 

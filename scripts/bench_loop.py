@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,11 +60,10 @@ log = logging.getLogger("bench_loop")
 
 def cpu_model() -> str:
     """The CPU model string (what ``lscpu | grep 'Model name'`` prints)."""
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown"
 
 
@@ -167,7 +165,9 @@ class TorchTransformerMT(nn.Module):
         self.embedding = nn.Embedding(c.src_vocab_size, c.d_model, padding_idx=c.pad_id)
         self.scale = c.d_model**0.5
         position = torch.arange(c.max_len)[:, None]
-        freq = torch.exp(torch.arange(0, c.d_model, 2) * (-torch.log(torch.tensor(1e4)) / c.d_model))
+        freq = torch.exp(
+            torch.arange(0, c.d_model, 2) * (-torch.log(torch.tensor(1e4)) / c.d_model)
+        )
         pe = torch.zeros(c.max_len, c.d_model)
         pe[:, 0::2], pe[:, 1::2] = torch.sin(position * freq), torch.cos(position * freq)
         self.register_buffer("pe", pe, persistent=False)
@@ -400,8 +400,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     for precision in precisions:
         contenders[f"bare {precision}"] = bare(precision)
-        contenders[f"real {precision}"] = real(precision)
-    if "32-true" in precisions and not args.no_torch:
+        if not args.bare_only:
+            contenders[f"real {precision}"] = real(precision)
+    if "32-true" in precisions and not args.no_torch and not args.bare_only:
         torch.manual_seed(args.seed)
         torch_train = bare_runner(TorchTransformerMT(config), cfg, pad_id, "32-true", device)
         contenders["nn.Transformer 32-true"] = lambda r: (
@@ -481,16 +482,74 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Thread settings compared by --thread-study: (intra-op threads, OMP_WAIT_POLICY).
+THREAD_SETTINGS = [(2, "ACTIVE"), (2, "PASSIVE"), (1, "PASSIVE")]
+
+
+def thread_study(args: argparse.Namespace) -> dict[str, Any]:
+    """Bare-step tokens/s per thread setting, each in its own process (OpenMP reads
+    ``OMP_WAIT_POLICY`` once, at start-up); the settings alternate over ``--repeats`` rounds.
+    """
+    import subprocess
+
+    rates: dict[str, list[float]] = {f"{t} threads, {p}": [] for t, p in THREAD_SETTINGS}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeats):
+            order = THREAD_SETTINGS[r % 3 :] + THREAD_SETTINGS[: r % 3]
+            for threads, policy in order:
+                out = Path(tmp) / f"{threads}-{policy}-{r}.json"
+                command = [
+                    sys.executable,
+                    __file__,
+                    "--bare-only",
+                    "--no-torch",
+                    "--repeats",
+                    "1",
+                    "--precisions",
+                    "32-true",
+                    "--threads",
+                    str(threads),
+                    "--steps",
+                    str(args.steps),
+                    "--warmup",
+                    str(args.warmup),
+                    "--data",
+                    args.data,
+                    "--data-dir",
+                    str(args.data_dir),
+                    "--out",
+                    str(out),
+                ] + (["--quick"] if args.quick else [])
+                env = {**os.environ, "OMP_WAIT_POLICY": policy}
+                subprocess.run(command, env=env, check=True, capture_output=True)
+                rate = json.loads(out.read_text())["rows"][0]["tokens_per_s"]
+                rates[f"{threads} threads, {policy}"].append(rate)
+                log.info("round %d %d threads %-7s %8.0f tok/s", r + 1, threads, policy, rate)
+    return {
+        "benchmark": "loop-threads",
+        "settings": {"steps": args.steps, "warmup_steps": args.warmup, "rounds": args.repeats},
+        "rows": [
+            {"setting": k, "bare_tokens_per_s": statistics.median(v), "all": v}
+            for k, v in rates.items()
+        ],
+        "environment": environment(),
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     p.add_argument("--steps", type=int, default=24, help="training steps per timed run")
     p.add_argument("--warmup", type=int, default=4, help="untimed steps at the start of each run")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats (median)")
-    p.add_argument(
-        "--precisions", nargs="+", default=["32-true", "bf16-mixed"], choices=PRECISIONS
-    )
+    p.add_argument("--precisions", nargs="+", default=["32-true", "bf16-mixed"], choices=PRECISIONS)
     p.add_argument("--no-torch", action="store_true", help="skip the nn.Transformer row")
+    p.add_argument("--bare-only", action="store_true", help="only the bare-step rows")
+    p.add_argument(
+        "--thread-study",
+        action="store_true",
+        help="bare step per (threads, OMP_WAIT_POLICY) setting, one process each",
+    )
     p.add_argument(
         "--data",
         choices=["auto", "multi30k", "generated"],
@@ -501,9 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accelerator", default="cpu", help="cpu (default), gpu or auto")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--quick", action="store_true", help="tiny model and data: seconds")
-    p.add_argument(
-        "--override", nargs="*", default=[], help="extra Hydra overrides for the config"
-    )
+    p.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides for the config")
     p.add_argument(
         "--out", type=Path, default=None, help="JSON path (default docs/benchmarks/loop.json)"
     )
@@ -516,11 +573,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"error: --warmup ({args.warmup}) must be below --steps ({args.steps})")
     if args.data == "auto":
         args.data = "multi30k" if (args.data_dir / "train.de.gz").is_file() else "generated"
-    result = run(args)
-    out = args.out or ROOT / "docs" / "benchmarks" / "loop.json"
+    if args.thread_study:
+        result = thread_study(args)
+        out = args.out or ROOT / "docs" / "benchmarks" / "loop_threads.json"
+        text = "\n".join(
+            f"{row['setting']:<22} {row['bare_tokens_per_s']:>8,.0f} tok/s (bare step, median)"
+            for row in result["rows"]
+        )
+        text += (
+            f"\nCPU: {result['environment']['cpu']}; load {result['environment']['load_average']}"
+        )
+    else:
+        result = run(args)
+        out = args.out or ROOT / "docs" / "benchmarks" / "loop.json"
+        text = table(result)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(table(result))
+    print(text)
     print(f"\nwritten: {out}")
     return result
 

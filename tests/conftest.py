@@ -71,6 +71,8 @@ FAST_TRAIN = [
     "trainer.enable_model_summary=false",
     "trainer.enable_progress_bar=false",
     "threads=1",
+    # Not auto: a start-up calibration must not decide the precision of a test's run.
+    "trainer.precision=32-true",
 ]
 
 

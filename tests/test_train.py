@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.training.loss import label_smoothed_loss
 from transformer_mt.training.module import TranslationModule
+from transformer_mt.training.precision import resolve_precision
 from transformer_mt.training.run import model_config_from, run
 from transformer_mt.training.schedules import inverse_sqrt_schedule, lr_factor, paper_peak_lr
 
@@ -46,7 +47,11 @@ def test_every_model_config_builds(tmp_path: Path, model: str) -> None:
 @pytest.mark.parametrize("trainer", [t for t in TRAINERS if t not in ("gpu", "ddp")])
 def test_trainer_configs_instantiate(tmp_path: Path, trainer: str) -> None:
     cfg = compose_train(tmp_path, [f"trainer={trainer}"])
-    t = hydra.utils.instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
+    # precision=auto is ours (training/precision.py), resolved before Lightning sees it.
+    precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator).precision
+    t = hydra.utils.instantiate(
+        cfg.trainer, logger=False, enable_checkpointing=False, precision=precision
+    )
     assert t.max_epochs == cfg.trainer.max_epochs
 
 

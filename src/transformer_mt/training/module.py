@@ -180,7 +180,10 @@ class TranslationModule(pl.LightningModule):
         if elapsed > 0:
             # Wall clock of the whole window: data loading and logging count, as for the user.
             self.log("train/tokens_per_sec", tokens.float() / elapsed, prog_bar=True, batch_size=1)
-        if self.trainer.optimizers:
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # After the scheduler's step (as before): the learning rate the next step will use.
+        if self._log_step() and self.trainer.optimizers:
             self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=1)
 
     def _nonfinite_error(self, what: str) -> NonFiniteLossError:

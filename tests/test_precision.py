@@ -1,0 +1,74 @@
+"""trainer.precision=auto: detection, the calibration rule, and what the start-up logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.training import precision
+from transformer_mt.training.precision import (
+    calibrate,
+    cpu_bf16_units,
+    cpu_flags,
+    resolve_precision,
+)
+
+from conftest import tiny_config
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16 amx_tile amx_bf16\n")
+    flags = cpu_flags(info)
+    assert {"avx512_bf16", "amx_bf16"} <= flags
+    assert cpu_bf16_units(flags) == ["amx_bf16", "avx512_bf16"]  # best first
+    assert cpu_bf16_units({"avx2", "avx512f"}) == []
+    assert cpu_flags(tmp_path / "missing") == set()
+
+
+@pytest.mark.parametrize("value", ["32-true", "bf16-mixed", "bf16-true", "16-mixed"])
+def test_an_explicit_precision_is_kept(value: str) -> None:
+    assert resolve_precision(value, "cpu").precision == value
+
+
+def test_unset_precision_is_lightnings_default() -> None:
+    assert resolve_precision(None, "cpu").precision == "32-true"
+
+
+def test_auto_on_a_cpu_without_bf16_units_is_fp32_without_calibrating(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(precision, "calibrate", pytest.fail)  # must not be called
+    choice = resolve_precision("auto", "cpu", Transformer(tiny_config()), flags={"avx2"})
+    assert choice.precision == "32-true"
+    assert "no bf16 units" in choice.reason
+
+
+@pytest.mark.parametrize(
+    ("fp32_s", "bf16_s", "expected"),
+    [(1.0, 0.5, "bf16-mixed"), (1.0, 0.95, "32-true"), (1.0, 1.4, "32-true")],
+)
+def test_auto_with_bf16_units_follows_the_calibration(
+    monkeypatch: pytest.MonkeyPatch, fp32_s: float, bf16_s: float, expected: str
+) -> None:
+    monkeypatch.setattr(precision, "calibrate", lambda model, steps: (fp32_s, bf16_s))
+    choice = resolve_precision("auto", "cpu", Transformer(tiny_config()), flags={"amx_bf16"})
+    assert choice.precision == expected
+    assert f"{fp32_s / bf16_s:.2f}x" in choice.reason and "amx_bf16" in choice.reason
+
+
+def test_calibration_leaves_model_and_random_stream_untouched() -> None:
+    model = Transformer(tiny_config(dropout=0.1))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(123)
+    expected_next = torch.rand(3)
+    torch.manual_seed(123)
+    fp32_s, bf16_s = calibrate(model, steps=1)
+    assert fp32_s > 0 and bf16_s > 0
+    torch.testing.assert_close(torch.rand(3), expected_next)  # dropout draws did not leak
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, before[key])
+    assert all(p.grad is None for p in model.parameters())
