@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -10,6 +12,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.loggers import CSVLogger
 from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader
 
@@ -165,20 +168,24 @@ def test_cpu_nan_check_stops_at_the_bad_step() -> None:
         trainer.fit(module, _loader(_batches(9, poison_at=3)))
 
 
-def test_logged_window_metrics_are_token_weighted(tmp_path: Any) -> None:
-    from lightning.pytorch.loggers import CSVLogger
-
+def test_logged_perplexity_is_token_weighted_over_the_window(tmp_path: Any) -> None:
     module = _module()
-    batches = _batches(6)
-    _trainer(6, logger=CSVLogger(tmp_path, name="", version="")).fit(module, _loader(batches))
-    import csv
+    seen: list[tuple[float, int]] = []  # (nll sum, tokens) of every training step
+    loss_fn = module._loss
 
+    def recording(batch: dict[str, Any]) -> Any:
+        out = loss_fn(batch)
+        seen.append((float(out[1]), int(out[2])))
+        return out
+
+    module._loss = recording  # type: ignore[method-assign]
+    _trainer(6, logger=CSVLogger(tmp_path, name="", version="")).fit(module, _loader(_batches(6)))
     rows = [r for r in csv.DictReader((tmp_path / "metrics.csv").open()) if r.get("train/ppl")]
-    assert [int(r["step"]) for r in rows] == [2, 5]  # Lightning's step: after the update
-    for row in rows:
-        ppl, tps = float(row["train/ppl"]), float(row["train/tokens_per_sec"])
-        assert 1.0 < ppl < 40.0 * 1.5  # about uniform over 40 tokens at the start
-        assert tps > 0
+    assert [int(r["step"]) for r in rows] == [2, 5]  # log steps 3 and 6 (Lightning counts from 0)
+    for row, window in zip(rows, (seen[0:3], seen[3:6])):
+        expected = math.exp(sum(n for n, _ in window) / sum(t for _, t in window))
+        assert float(row["train/ppl"]) == pytest.approx(expected, rel=1e-5)
+        assert float(row["train/tokens_per_sec"]) > 0
         assert float(row["train/lr"]) > 0
 
 

@@ -48,7 +48,10 @@ def test_every_model_config_builds(tmp_path: Path, model: str) -> None:
 def test_trainer_configs_instantiate(tmp_path: Path, trainer: str) -> None:
     cfg = compose_train(tmp_path, [f"trainer={trainer}"])
     # precision=auto is ours (training/precision.py), resolved before Lightning sees it.
-    precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator).precision
+    trainer_cfg = cfg.trainer
+    precision = resolve_precision(
+        trainer_cfg.get("precision"), trainer_cfg.get("accelerator")
+    ).precision
     t = hydra.utils.instantiate(
         cfg.trainer, logger=False, enable_checkpointing=False, precision=precision
     )
