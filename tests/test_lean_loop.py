@@ -125,7 +125,9 @@ def _count_reads(module: TranslationModule) -> list[list[str]]:
 
 def _as_accelerator(module: TranslationModule, monkeypatch: pytest.MonkeyPatch) -> None:
     """Take the accelerator path on the CPU: finiteness checked at log steps only."""
-    monkeypatch.setattr(module, "_check_now", lambda: False)
+    monkeypatch.setattr(
+        "transformer_mt.training.module.check_at_once", lambda device, nonfinite_loss: False
+    )
 
 
 def test_accelerator_step_reads_nothing_from_the_device_between_log_steps(

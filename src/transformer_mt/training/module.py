@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -18,7 +17,6 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
 from transformer_mt.checkpoint import CHECKPOINT_KEY, write_metadata
-from transformer_mt.cli import NonFiniteLossError
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.inference.decode import decode_batch
 from transformer_mt.inference.metrics import corpus_scores
@@ -26,6 +24,13 @@ from transformer_mt.inference.search import SearchConfig
 from transformer_mt.model.transformer import ModelConfig, Transformer
 from transformer_mt.training.budget import find_budget
 from transformer_mt.training.callbacks import stop_if_diverged
+from transformer_mt.training.loop import (
+    StepWindow,
+    check_at_once,
+    clip_without_scaler,
+    is_log_step,
+    nonfinite_error,
+)
 from transformer_mt.training.loss import label_smoothed_loss
 from transformer_mt.training.schedules import SCHEDULES, lr_factor
 
@@ -89,11 +94,7 @@ class TranslationModule(pl.LightningModule):
         self.tokenizer = tokenizer
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.data_config = dict(data_config) if data_config else None
-        # Training metrics accumulate on the device between two log steps and are read (one
-        # host sync) only when Lightning writes logs: see training_step.
-        self._window: dict[str, Tensor] = {}
-        self._window_start = 0.0
-        self._window_steps = 0
+        self._window = StepWindow()  # training metrics, read at log steps only
         self._eval_outputs: list[tuple[int, str, str, str]] = []
         self._eval_loss = [0.0, 0]  # nll sum, tokens
         self._eval_smoothed = [0.0, 0]  # smoothed loss sum (token-weighted), tokens
@@ -112,30 +113,12 @@ class TranslationModule(pl.LightningModule):
             logits, tgt[:, 1:], self.config.pad_id, self.hparams.label_smoothing
         )
 
-    def _log_step(self) -> bool:
-        """Whether Lightning writes logs after this training step (``log_every_n_steps``)."""
-        trainer = self._trainer
-        if trainer is None:
-            return True
-        return bool(trainer.fast_dev_run) or trainer._logger_connector.should_update_logs
-
-    def _check_now(self) -> bool:
-        """Whether this step must know at once if its loss is finite.
-
-        On the CPU reading one scalar costs nothing (the step ran synchronously), and
-        ``nonfinite_loss=skip`` must decide before the optimizer step. On an accelerator with
-        ``stop`` the check is deferred to log steps, so no step waits for the device.
-        """
-        return self.device.type == "cpu" or self.hparams.nonfinite_loss == "skip"
-
     def on_train_start(self) -> None:
-        self._window = {}
-        self._window_steps = 0
-        self._window_start = time.perf_counter()
+        self._window.reset()
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor | None:
         loss, nll_sum, n_tokens = self._loss(batch)
-        if self._check_now():
+        if check_at_once(self.device, self.hparams.nonfinite_loss):
             if not torch.isfinite(loss):
                 if self.hparams.nonfinite_loss == "skip":
                     self.skipped_batches += 1
@@ -147,73 +130,34 @@ class TranslationModule(pl.LightningModule):
                         self.skipped_batches,
                     )
                     return None
-                raise self._nonfinite_error(f"{loss.item()} at step {self.global_step}")
+                raise nonfinite_error(f"{loss.item()} at step {self.global_step}")
             self._skipped_in_a_row = 0
             finite = None
         else:
             finite = torch.isfinite(loss.detach())
-        # Device-side sums over the steps since the last log: no host sync here.
-        window = self._window
-        step_values = {"nll": nll_sum.float(), "tokens": n_tokens}
-        if finite is not None:
-            step_values["bad"] = (~finite).int()
-        for key, value in step_values.items():
-            window[key] = window[key] + value if key in window else value.detach().clone()
-        self._window_steps += 1
-        if self._log_step():
-            self._log_window(loss)
+        self._window.add(nll_sum, n_tokens, finite)  # device-side sums: no host sync here
+        if is_log_step(self._trainer):
+            # sync_dist: under DDP the logged loss is the mean over ranks, not rank 0's share.
+            self.log("train/loss", loss.detach(), prog_bar=True, batch_size=1, sync_dist=True)
+            for name, value in self._window.take(self.global_step).items():
+                self.log(name, value, prog_bar=name.endswith("per_sec"), batch_size=1)
         return loss
-
-    def _log_window(self, loss: Tensor) -> None:
-        """Log the metrics of the steps since the last log step (one host sync for all)."""
-        window, self._window = self._window, {}
-        now = time.perf_counter()
-        elapsed, self._window_start = now - self._window_start, now
-        steps, self._window_steps = self._window_steps, 0
-        if "bad" in window and bool(window["bad"]):  # the deferred check (accelerators)
-            raise self._nonfinite_error(f"non-finite in the {steps} steps up to {self.global_step}")
-        tokens = window["tokens"].clamp(min=1)
-        # sync_dist: under DDP the logged loss is the mean over ranks, not rank 0's share.
-        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=1, sync_dist=True)
-        # Perplexity of the window (token-weighted), not of one batch.
-        self.log("train/ppl", torch.exp((window["nll"] / tokens).clamp(max=50.0)), batch_size=1)
-        if elapsed > 0:
-            # Wall clock of the whole window: data loading and logging count, as for the user.
-            self.log("train/tokens_per_sec", tokens.float() / elapsed, prog_bar=True, batch_size=1)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # After the scheduler's step (as before): the learning rate the next step will use.
-        if self._log_step() and self.trainer.optimizers:
+        if is_log_step(self._trainer) and self.trainer.optimizers:
             self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=1)
-
-    def _nonfinite_error(self, what: str) -> NonFiniteLossError:
-        return NonFiniteLossError(
-            f"training loss became {what}; likely causes: "
-            "learning rate too high (lower optimizer.lr or raise warmup_steps), fp16 "
-            "overflow (use bf16-mixed or 32-true), or corrupt data. The last checkpoint is "
-            "intact; set module.nonfinite_loss=skip to skip such batches instead"
-        )
 
     def configure_gradient_clipping(
         self,
         optimizer: torch.optim.Optimizer,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str | None = None,
+        gradient_clip_val: Any = None,
+        gradient_clip_algorithm: Any = None,
     ) -> None:
-        """Clip as configured; under bf16-mixed also with a fused optimizer.
-
-        Lightning's mixed-precision plugin refuses to clip when the optimizer unscales
-        gradients itself (fused AdamW), which matters only with fp16's GradScaler. bf16 has no
-        scaler, so the gradients are already true values and clipping them is what fp32 does.
-        """
-        plugin = self.trainer.precision_plugin
-        if getattr(plugin, "scaler", "absent") is None and gradient_clip_val:
-            if gradient_clip_algorithm == "value":
-                torch.nn.utils.clip_grad_value_(self.parameters(), gradient_clip_val)
-            else:
-                torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
-            return
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        """As configured; under bf16-mixed also with a fused optimizer (see training/loop.py)."""
+        clip, algorithm = gradient_clip_val, gradient_clip_algorithm
+        if not clip_without_scaler(self, self.trainer.precision_plugin, clip, algorithm):
+            super().configure_gradient_clipping(optimizer, clip, algorithm)
 
     def configure_optimizers(self) -> Any:
         if self.optimizer_factory is None:
