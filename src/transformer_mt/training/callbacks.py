@@ -39,8 +39,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from transformer_mt.checkpoint import save_checkpoint
 from transformer_mt.cli import NonFiniteLossError
-from transformer_mt.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +64,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise TypeError(f"{type(self).__name__} does not take storage_options")
         target = Path(str(path).removeprefix("file://"))
         try:
-            with atomic_write(target) as handle:
-                torch.save(checkpoint, handle)
+            save_checkpoint(checkpoint, target)  # the one checkpoint writer (atomic, fsync)
         except (OSError, RuntimeError) as exc:
             # A failed write inside torch.save's zip writer surfaces as a RuntimeError
-            # ("unexpected pos ..."); atomic_write has already removed the temp file and left
+            # ("unexpected pos ..."); the atomic write has already removed the temp file and left
             # the previous checkpoint in place.
             if isinstance(exc, RuntimeError) and not _is_write_failure(exc):
                 raise
