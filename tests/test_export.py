@@ -1,0 +1,323 @@
+"""transformer-mt-export: the Hugging Face directory loads with the Auto classes and computes
+what our model computes (logits to 1e-4, greedy and beam-5 token ids equal), CTranslate2 greedy
+equals ours, and options no standard class represents are refused with the option's name.
+
+The trained model is a tiny copy model trained here for a few seconds, once per session.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_mt.checkpoint import CHECKPOINT_KEY, load_checkpoint, load_model, save_checkpoint
+from transformer_mt.data.numbers import number_sentences
+from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.inference.export import (
+    LOGITS_TOLERANCE,
+    ExportError,
+    check_logits,
+    choose_target,
+    export_ctranslate2,
+    export_huggingface,
+    feature_permutation,
+    main,
+    to_huggingface,
+)
+from transformer_mt.inference.search import beam_search, greedy_search
+from transformer_mt.model.embedding import SinusoidalPositionalEncoding
+from transformer_mt.model.transformer import ModelConfig, Transformer
+
+transformers = pytest.importorskip("transformers", reason="needs the export extra")
+
+FIXTURE_V1 = Path(__file__).resolve().parent / "fixtures" / "format_v1" / "model.ckpt"
+#: One length cap for both sides (ours: max_len_a=0, max_len_b=CAP; generate: max_new_tokens).
+CAP = 60
+
+
+def source_tensor(tokenizer, texts: list[str]) -> torch.Tensor:
+    """Source rows as training builds them (``ids + <eos>``, padded)."""
+    rows = tokenizer.encode_batch(texts, add_special_tokens=True)
+    src = torch.full((len(rows), max(map(len, rows))), tokenizer.pad_id, dtype=torch.long)
+    for i, row in enumerate(rows):
+        src[i, : len(row)] = torch.tensor(row)
+    return src
+
+
+def sources(n: int = 12) -> list[str]:
+    """English number sentences of numbers the model did not see (training uses multiples of 3)."""
+    src, _ = number_sentences(list(range(101, 101 + 3 * n, 3)), "en", "de", seed=3)
+    return src
+
+
+def train_copy_model(steps: int = 150) -> tuple[Tokenizer, Transformer]:
+    """A tiny post-LN model trained for a few seconds to copy number sentences.
+
+    Copying is learned in a few hundred updates, unlike translation: the model then ends its
+    outputs with <eos> near the source length, so search runs as on a real model (beams that
+    finish at different steps, no run to the length cap).
+    """
+    generator = torch.Generator().manual_seed(0)
+    en, de = number_sentences(list(range(3, 1500, 3)), "en", "de", seed=0)
+    tokenizer = Tokenizer.train([en], [de], vocab_size=400, src_lang="en", tgt_lang="de")
+    ids = tokenizer.encode_batch(en)
+    v = tokenizer.vocab_size
+    config = ModelConfig(v, v, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=1,
+                         n_decoder_layers=1, dropout=0.0, max_len=80)  # fmt: skip
+    model = Transformer(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    for _ in range(steps):
+        batch = [en[i] for i in torch.randint(0, len(ids), (32,), generator=generator).tolist()]
+        src = source_tensor(tokenizer, batch)
+        tgt = torch.cat([torch.ones_like(src[:, :1]), src], dim=1)  # <bos> + ids + <eos>
+        logits = model(src, tgt[:, :-1])
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, v), tgt[:, 1:].reshape(-1), ignore_index=tokenizer.pad_id
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return tokenizer, model.eval()
+
+
+@pytest.fixture(scope="session")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    tokenizer, model = train_copy_model()
+    checkpoint = {
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "global_step": 150,
+        "epoch": 0,
+        CHECKPOINT_KEY: {
+            "format": 1,
+            "model_config": model.config.to_dict(),
+            "tokenizer": tokenizer.to_json(),
+            "src_lang": "en",
+            "tgt_lang": "de",
+            "decoding": {"beam_size": 5, "length_penalty": 0.6},
+            "data": {"name": "numbers_en_de"},
+        },
+    }
+    return save_checkpoint(checkpoint, tmp_path_factory.mktemp("copy") / "model.ckpt")
+
+
+@pytest.fixture(scope="session")
+def hf_dir(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    results = tmp_path_factory.mktemp("results") / "results.json"
+    results.write_text(
+        json.dumps(
+            {
+                "metrics": {"bleu": 12.34, "chrf": 45.6},
+                "signature": {"bleu": "nrefs:1|case:mixed|tok:13a|version:2", "chrf": "chrF2"},
+                "data": {"split": "test"},
+            }
+        )
+    )
+    return export_huggingface(ckpt, tmp_path_factory.mktemp("export") / "hf", results)
+
+
+def strip(ids: torch.Tensor, pad: int = 0, bos: int = 1) -> list[list[int]]:
+    return [[t for t in row if t not in (pad, bos)] for row in ids.tolist()]
+
+
+def random_checkpoint(path: Path, **overrides) -> Path:
+    """The format-v1 fixture's tokenizer with a random model of ``overrides``' shape."""
+    checkpoint = load_checkpoint(FIXTURE_V1)
+    meta = checkpoint[CHECKPOINT_KEY]
+    values = {**meta["model_config"], "n_encoder_layers": 2, "n_decoder_layers": 2, **overrides}
+    model = Transformer(ModelConfig(**values))
+    with torch.no_grad():  # no parameter at its init value (LayerNorm 1/0, zero biases)
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    meta["model_config"] = model.config.to_dict()
+    checkpoint["state_dict"] = {f"model.{k}": v for k, v in model.state_dict().items()}
+    return save_checkpoint(checkpoint, path)
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+def test_permutation_maps_our_positions_to_the_standard_table() -> None:
+    ours = SinusoidalPositionalEncoding(32, 64).pe
+    marian = transformers.models.marian.modeling_marian.MarianSinusoidalPositionalEmbedding(64, 32)
+    assert torch.allclose(ours[:, feature_permutation(32)], marian.create_weight(), atol=1e-5)
+    assert not torch.allclose(ours, marian.create_weight(), atol=1e-2)  # the permutation matters
+
+
+def test_directory_loads_with_the_auto_classes(hf_dir: Path, ckpt: Path) -> None:
+    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json"):
+        assert (hf_dir / name).is_file(), name
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    assert type(model).__name__ == "MarianMTModel"  # the copy model is post-LN
+    ours = load_model(ckpt)
+    texts = sources(4)
+    assert tokenizer(texts)["input_ids"] == ours.tokenizer.encode_batch(texts, True)
+    generation = json.loads((hf_dir / "generation_config.json").read_text())
+    decoding = ours.decoding
+    assert generation["num_beams"] == decoding.get("beam_size", 4)
+    if generation["num_beams"] > 1:
+        assert generation["length_penalty"] == decoding.get("length_penalty", 0.6)
+    assert generation["decoder_start_token_id"] == ours.tokenizer.bos_id
+    assert json.loads((hf_dir / "tokenizer_config.json").read_text())["tokenizer_class"] == (
+        "PreTrainedTokenizerFast"
+    )
+    card = (hf_dir / "README.md").read_text()
+    assert "en -> de" in card and "12.34" in card and "tok:13a" in card
+    assert "numbers_en_de" in card
+    assert json.loads((hf_dir / "results.json").read_text())["metrics"]["bleu"] == 12.34
+
+
+# ----------------------------------------------------------------------------- exactness
+
+
+@pytest.fixture(scope="module")
+def exported(hf_dir: Path, ckpt: Path):
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf_dir).eval()
+    return load_model(ckpt), model
+
+
+def test_logits_match_ours(exported) -> None:
+    ours, theirs = exported
+    texts = sources()
+    src = source_tensor(ours.tokenizer, texts)
+    tgt = source_tensor(ours.tokenizer, number_sentences(list(range(5, 65, 5)), "en", "de", 1)[1])
+    tgt_in = torch.cat([torch.ones_like(tgt[:, :1]), tgt[:, :-1]], dim=1)  # <bos> + German
+    with torch.no_grad():
+        a = ours.model(src, tgt_in)
+        b = theirs(input_ids=src, attention_mask=src != 0, decoder_input_ids=tgt_in).logits
+    assert a.shape == b.shape
+    assert float((a - b).abs().max()) < LOGITS_TOLERANCE
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_generate_returns_our_token_ids(exported, beam: int) -> None:
+    ours, theirs = exported
+    texts = sources()
+    src = source_tensor(ours.tokenizer, texts)
+    if beam == 1:
+        mine = greedy_search(ours.model, src, 1, 2, max_len_a=0, max_len_b=CAP)
+    else:  # alpha 0: both rank finished hypotheses by log-probability alone
+        mine, _ = beam_search(ours.model, src, 1, 2, beam, alpha=0.0, max_len_a=0, max_len_b=CAP)
+    with torch.no_grad():
+        hf = theirs.generate(
+            input_ids=src,
+            attention_mask=src != 0,
+            num_beams=beam,
+            length_penalty=0.0,
+            max_new_tokens=CAP,
+            do_sample=False,
+        )
+    mine_ids, hf_ids = strip(mine), strip(hf)
+    # The model is trained: sentences end well before the cap, so the cap conventions
+    # (ours keeps log p(eos) at the cap, generate forces it with score 0) play no part.
+    assert all(row[-1] == 2 and len(row) < CAP for row in mine_ids)
+    assert mine_ids == hf_ids
+
+
+def test_pre_ln_exports_as_pegasus_with_equal_logits_and_greedy_ids(tmp_path: Path) -> None:
+    ckpt = random_checkpoint(tmp_path / "pre.ckpt", norm_first=True, activation="gelu")
+    loaded = load_model(ckpt)
+    assert choose_target(loaded.config).architecture == "PegasusForConditionalGeneration"
+    hf, _ = to_huggingface(loaded)
+    assert check_logits(loaded, hf, sources(5)) < LOGITS_TOLERANCE
+    src = source_tensor(loaded.tokenizer, sources(5))
+    mine = greedy_search(loaded.model, src, 1, 2, max_len_a=0, max_len_b=12)
+    with torch.no_grad():
+        theirs = hf.generate(input_ids=src, attention_mask=src != 0, num_beams=1, max_new_tokens=12)
+    assert strip(mine) == strip(theirs)  # random weights run to the cap: both force <eos> there
+
+
+def test_untied_separate_embeddings_export_exactly(tmp_path: Path) -> None:
+    ckpt = random_checkpoint(
+        tmp_path / "untied.ckpt", tie_embeddings=False, share_encoder_decoder_embeddings=False
+    )
+    loaded = load_model(ckpt)
+    hf, _ = to_huggingface(loaded)
+    assert not hf.config.share_encoder_decoder_embeddings and not hf.config.tie_word_embeddings
+    assert check_logits(loaded, hf, sources(5)) < LOGITS_TOLERANCE
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"positional": "learned"}, "model.positional=learned"),
+        ({"d_k": 4, "d_v": 4}, "model.d_k=4"),
+        ({"norm_first": True, "share_encoder_decoder_embeddings": False}, "share_encoder_decoder"),
+    ],
+)
+def test_unrepresentable_options_are_named(tmp_path: Path, overrides, named, capsys) -> None:
+    ckpt = random_checkpoint(tmp_path / "odd.ckpt", **overrides)
+    with pytest.raises(ExportError, match=named):
+        to_huggingface(load_model(ckpt))
+    assert main(["--ckpt", str(ckpt), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and named in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_refuses_a_non_empty_out_dir(tmp_path: Path, capsys) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    assert main(["--ckpt", str(FIXTURE_V1), "--out", str(tmp_path / "out")]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+
+
+def test_pipeline_translates(hf_dir: Path) -> None:
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        pytest.skip("transformers 5 removed the translation pipeline; generate is tested above")
+    translate = transformers.pipeline("translation", model=str(hf_dir))
+    out = translate(sources(2))
+    assert len(out) == 2 and all(o["translation_text"].strip() for o in out)
+
+
+# ----------------------------------------------------------------------------- CTranslate2
+
+
+@pytest.fixture(scope="module")
+def ct2_dir(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("ctranslate2", reason="needs the export extra")
+    return export_ctranslate2(hf_dir, tmp_path_factory.mktemp("ct2") / "model")
+
+
+def test_ctranslate2_greedy_equals_ours(ct2_dir: Path, ckpt: Path) -> None:
+    from transformer_mt.inference.export_ctranslate2 import CTranslate2Translator
+    from transformer_mt.inference.search import SearchConfig
+
+    ours = load_model(ckpt)
+    search = SearchConfig(beam_size=1)
+    engine = CTranslate2Translator(ct2_dir, search, threads=1)
+    texts = sources()
+    ids = engine.encode(texts)
+    mine = greedy_search(ours.model, source_tensor(ours.tokenizer, texts), 1, 2)
+    expected = [row[: row.index(2)] for row in strip(mine)]
+    assert engine.translate_ids(ids) == expected
+    assert engine.translate(texts) == ours.tokenizer.decode_hypotheses(expected)
+    # A tight per-sentence cap cuts like ours does (max_len_a * source length + max_len_b).
+    tight = CTranslate2Translator(ct2_dir, SearchConfig(beam_size=1, max_len_a=0.3, max_len_b=1))
+    capped = greedy_search(ours.model, source_tensor(ours.tokenizer, texts), 1, 2, 0.3, 1)
+    assert tight.translate_ids(ids) == [[t for t in row if t != 2] for row in strip(capped)]
+
+
+def test_ctranslate2_int8_runs(ct2_dir: Path) -> None:
+    from transformer_mt.inference.export_ctranslate2 import CTranslate2Translator
+    from transformer_mt.inference.search import SearchConfig
+
+    engine = CTranslate2Translator(ct2_dir, SearchConfig(beam_size=5), compute_type="int8")
+    out = engine.translate(sources(6))
+    assert len(out) == 6 and all(line.strip() for line in out)
+
+
+def test_cli_writes_an_int8_ctranslate2_model(ckpt: Path, tmp_path: Path) -> None:
+    pytest.importorskip("ctranslate2", reason="needs the export extra")
+    out = tmp_path / "ct2"
+    args = ["--ckpt", str(ckpt), "--out", str(out), "--format", "ctranslate2"]
+    assert main([*args, "--quantization", "int8"]) == 0
+    assert (out / "model.bin").is_file() and (out / "transformer_mt" / "tokenizer.json").is_file()
+    assert not list(tmp_path.glob(".*"))  # no staging directories left behind
+    shutil.rmtree(out)
