@@ -120,8 +120,11 @@ def hf_dir(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return export_huggingface(ckpt, tmp_path_factory.mktemp("export") / "hf", results)
 
 
-def strip(ids: torch.Tensor, pad: int = 0, bos: int = 1) -> list[list[int]]:
-    return [[t for t in row if t not in (pad, bos)] for row in ids.tolist()]
+def strip(ids: torch.Tensor, pad: int = 0, bos: int = 1, eos: int = 2) -> list[list[int]]:
+    """Generated ids without the start token, up to and including the first ``<eos>``
+    (what follows is filler: ours pads, ``generate``'s beam search repeats ``<eos>``)."""
+    rows = [[t for t in row if t not in (pad, bos)] for row in ids.tolist()]
+    return [row[: row.index(eos) + 1] if eos in row else row for row in rows]
 
 
 def random_checkpoint(path: Path, **overrides) -> Path:
@@ -156,7 +159,9 @@ def test_directory_loads_with_the_auto_classes(hf_dir: Path, ckpt: Path) -> None
     assert type(model).__name__ == "MarianMTModel"  # the copy model is post-LN
     ours = load_model(ckpt)
     texts = sources(4)
-    assert tokenizer(texts)["input_ids"] == ours.tokenizer.encode_batch(texts, True)
+    assert tokenizer(texts)["input_ids"] == ours.tokenizer.encode_batch(
+        texts, add_special_tokens=True
+    )
     generation = json.loads((hf_dir / "generation_config.json").read_text())
     decoding = ours.decoding
     assert generation["num_beams"] == decoding.get("beam_size", 4)
@@ -298,6 +303,11 @@ def test_ctranslate2_greedy_equals_ours(ct2_dir: Path, ckpt: Path) -> None:
     expected = [row[: row.index(2)] for row in strip(mine)]
     assert engine.translate_ids(ids) == expected
     assert engine.translate(texts) == ours.tokenizer.decode_hypotheses(expected)
+    # A collated batch (the decode loop's input), with an empty source: empty output.
+    src = source_tensor(ours.tokenizer, texts)
+    empty = torch.zeros(1, src.size(1), dtype=torch.long)
+    empty[0, 0] = 2
+    assert engine.decode_batch({"src": torch.cat([src, empty])}) == [*expected, []]
     # A tight per-sentence cap cuts like ours does (max_len_a * source length + max_len_b).
     tight = CTranslate2Translator(ct2_dir, SearchConfig(beam_size=1, max_len_a=0.3, max_len_b=1))
     capped = greedy_search(ours.model, source_tensor(ours.tokenizer, texts), 1, 2, 0.3, 1)

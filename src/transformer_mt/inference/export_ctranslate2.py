@@ -136,37 +136,62 @@ class CTranslate2Translator:
         caps = (s.max_len_a * torch.tensor(lengths).float() + s.max_len_b).floor().long()
         return caps.clamp(min=1, max=self.max_len).tolist()
 
+    def decode_rows(self, rows: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Output ids (no ``<bos>``/``<eos>``) for source rows ``ids + <eos>`` (no padding).
+
+        One CTranslate2 call; the caller batches (sources of similar length together).
+        """
+        src, tgt = self.tokenizer.src, self.tokenizer.tgt
+        tokens = [[src.id_to_token(t) for t in row] for row in rows]
+        # Output tokens before <eos>: one fewer than the cap (our cap counts the <eos>).
+        caps = [c - 1 for c in self._caps([len(r) for r in rows])]
+        results = self.translator.translate_batch(
+            tokens,
+            beam_size=self.search.beam_size,
+            length_penalty=self.search.length_penalty,
+            max_decoding_length=max(max(caps), 1),
+            max_input_length=0,
+            suppress_sequences=self._suppress,
+            return_scores=False,
+        )
+        return [
+            [tgt.token_to_id(t) for t in result.hypotheses[0]][:cap]
+            for cap, result in zip(caps, results)
+        ]
+
+    def decode_batch(self, batch: dict[str, Any]) -> list[list[int]]:
+        """:func:`transformer_mt.inference.decode.decode_batch` for this engine: a collated
+        ``batch["src"]`` (``ids + <eos>``, padded) -> output ids per row; empty sources give
+        empty outputs."""
+        pad, eos = self.tokenizer.pad_id, self.tokenizer.eos_id
+        src = batch["src"].tolist()
+        out: list[list[int]] = [[] for _ in src]
+        todo = [i for i, row in enumerate(src) if row and row[0] != eos]
+        if todo:
+            hyps = self.decode_rows([[t for t in src[i] if t != pad] for i in todo])
+            for i, hyp in zip(todo, hyps):
+                out[i] = hyp
+        return out
+
     def translate_ids(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
         """Output ids (no ``<bos>``/``<eos>``) for each source id list, in order."""
         out: list[list[int]] = [[] for _ in ids]
         todo = [i for i, seq in enumerate(ids) if len(seq) > 0]
         if not todo:
             return out
-        src = self.tokenizer.src
-        tgt = self.tokenizer.tgt
         eos = self.tokenizer.eos_id
         lengths = [len(ids[i]) + 1 for i in todo]  # + <eos>
         for batch in _length_batches(lengths, self.max_tokens):
-            rows = [[*ids[todo[j]], eos] for j in batch]
-            tokens = [[src.id_to_token(t) for t in row] for row in rows]
-            # Output tokens before <eos>: one fewer than the cap (our cap counts the <eos>).
-            caps = [c - 1 for c in self._caps([len(r) for r in rows])]
-            results = self.translator.translate_batch(
-                tokens,
-                beam_size=self.search.beam_size,
-                length_penalty=self.search.length_penalty,
-                max_decoding_length=max(max(caps), 1),
-                max_input_length=0,
-                suppress_sequences=self._suppress,
-                return_scores=False,
-            )
-            for j, cap, result in zip(batch, caps, results):
-                hyp = [tgt.token_to_id(t) for t in result.hypotheses[0]]
-                out[todo[j]] = hyp[:cap]
+            hyps = self.decode_rows([[*ids[todo[j]], eos] for j in batch])
+            for j, hyp in zip(batch, hyps):
+                out[todo[j]] = hyp
         return out
 
-    def translate(self, lines: Sequence[str]) -> list[str]:
-        """One translation per line, in order; never a line break inside a translation."""
+    def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
+        """One translation per line, in order; never a line break inside a translation.
+
+        ``progress`` is accepted for the torch Translator's signature and ignored.
+        """
         return self.tokenizer.decode_hypotheses(self.translate_ids(self.encode(lines)))
 
 
