@@ -17,17 +17,15 @@ import torch
 from transformer_mt.checkpoint import CHECKPOINT_KEY, load_checkpoint, load_model, save_checkpoint
 from transformer_mt.data.numbers import number_sentences
 from transformer_mt.data.tokenizer import Tokenizer
-from transformer_mt.inference.export import (
+from transformer_mt.inference.export import export_ctranslate2, export_huggingface, main
+from transformer_mt.inference.export_hf import (
     LOGITS_TOLERANCE,
     ExportError,
     check_logits,
     choose_target,
-    export_ctranslate2,
-    export_huggingface,
-    feature_permutation,
-    main,
     to_huggingface,
 )
+from transformer_mt.inference.export_weights import feature_permutation
 from transformer_mt.inference.search import beam_search, greedy_search
 from transformer_mt.model.embedding import SinusoidalPositionalEncoding
 from transformer_mt.model.transformer import ModelConfig, Transformer

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from transformer_mt.data.tokenizer import BOS, PAD, Tokenizer
-from transformer_mt.inference.export import ExportError, _require
+from transformer_mt.inference.export_hf import ExportError, _require
 from transformer_mt.inference.search import SearchConfig
 
 log = logging.getLogger(__name__)
