@@ -329,3 +329,36 @@ def test_cli_writes_an_int8_ctranslate2_model(ckpt: Path, tmp_path: Path) -> Non
     assert (out / "model.bin").is_file() and (out / "transformer_mt" / "tokenizer.json").is_file()
     assert not list(tmp_path.glob(".*"))  # no staging directories left behind
     shutil.rmtree(out)
+
+
+def test_evaluate_and_translate_decode_with_ctranslate2(
+    ckpt: Path, ct2_dir: Path, tmp_path: Path
+) -> None:
+    from hydra import compose, initialize_config_dir
+
+    from transformer_mt.inference.evaluate import run as evaluate_run
+    from transformer_mt.inference.translate import main as translate_main
+
+    texts = sources(8)
+    src = tmp_path / "in.en"
+    src.write_text("".join(t + "\n" for t in [*texts[:4], "", *texts[4:]]), encoding="utf-8")
+    outputs = {}
+    for engine in ("torch", "ctranslate2"):
+        out = tmp_path / f"{engine}.de"
+        extra = ["--engine", engine, "--ct2-model", str(ct2_dir)] if engine != "torch" else []
+        assert translate_main(["--ckpt", str(ckpt), "-i", str(src), "-o", str(out), "--greedy",
+                               *extra]) == 0  # fmt: skip
+        outputs[engine] = out.read_text(encoding="utf-8").split("\n")
+    assert outputs["ctranslate2"] == outputs["torch"] and outputs["torch"][4] == ""
+    configs = str(Path(__file__).resolve().parents[1] / "configs")
+    results = {}
+    for engine in ("torch", "ctranslate2"):
+        overrides = [f"run_dir={tmp_path / engine}", "progress=false", f"ckpt_path={ckpt}",
+                     f"source_file={src}", f"reference_file={src}", "decoding.beam_size=1",
+                     f"engine={engine}", f"engine_model={ct2_dir}"]  # fmt: skip
+        with initialize_config_dir(config_dir=configs, version_base="1.3"):
+            results[engine] = evaluate_run(compose("evaluate", overrides=overrides))
+    assert results["ctranslate2"]["decoding"]["engine"] == "ctranslate2"
+    assert results["ctranslate2"]["metrics"] == results["torch"]["metrics"]
+    hyps = [Path(results[e]["hypotheses_path"]).read_text(encoding="utf-8") for e in results]
+    assert hyps[0] == hyps[1]

@@ -35,6 +35,7 @@ from transformer_mt.data.config import DataConfig, register_stored_overrides
 from transformer_mt.data.prepare import PreparedData, decode_loader, prepare
 from transformer_mt.files import write_text_atomic
 from transformer_mt.inference.decode import decode, progress_bar
+from transformer_mt.inference.export_ctranslate2 import open_engine
 from transformer_mt.inference.metrics import corpus_scores
 from transformer_mt.inference.translate import Translator, resolve_device, search_config
 
@@ -215,8 +216,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         torch.cuda.synchronize()
     start = time.perf_counter()
     tok = loaded.tokenizer
+    engine = open_engine(
+        cfg.get("engine"), ckpt_path, search, cfg.get("engine_model"),
+        compute_type=cfg.get("compute_type"), threads=cfg.get("threads"),
+    )  # fmt: skip
     with progress_bar(progress, len(sources)) as advance:
-        hyp_ids = decode(loaded.model, batches, tok.bos_id, tok.eos_id, search, advance)
+        if engine is not None:  # CTranslate2 over the same batches
+            hyp_ids = engine.decode(batches, advance)
+        else:
+            hyp_ids = decode(loaded.model, batches, tok.bos_id, tok.eos_id, search, advance)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
@@ -237,6 +245,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "max_tokens": max_tokens,
             "batch_sentences": max_sentences,
             "device": device,
+            "engine": str(cfg.get("engine") or "torch"),
         },
         "n_sentences": len(sources),
         "decoding_time_s": round(elapsed, 4),

@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,7 @@ class CTranslate2Translator:
             intra_threads=threads,
         )
         self._suppress = [[PAD], [BOS]]
+        self._tmp: Any = None
 
     @classmethod
     def from_checkpoint(
@@ -112,15 +113,25 @@ class CTranslate2Translator:
         cache_dir: str | os.PathLike[str] | None = None,
         **kw: Any,
     ) -> CTranslate2Translator:
-        """Convert ``ckpt`` (into ``cache_dir``, else a temporary directory) and load it."""
+        """Convert ``ckpt`` (into ``cache_dir``, else a temporary directory) and load it.
+
+        An existing conversion in ``cache_dir`` is reused.
+        """
         from transformer_mt.inference.export import export_ctranslate2, export_huggingface
 
-        target = Path(cache_dir) if cache_dir is not None else Path(tempfile.mkdtemp()) / "ct2"
+        tmp = None
+        if cache_dir is None:
+            tmp = tempfile.TemporaryDirectory(prefix="transformer-mt-ct2-")
+            cache_dir = Path(tmp.name) / "ct2"
+        target = Path(cache_dir)
         if not (target / "model.bin").is_file():
-            with tempfile.TemporaryDirectory() as tmp:
-                hf_dir = export_huggingface(ckpt, Path(tmp) / "hf")
+            log.info("converting %s to CTranslate2 in %s", ckpt, target)
+            with tempfile.TemporaryDirectory() as hf_tmp:
+                hf_dir = export_huggingface(ckpt, Path(hf_tmp) / "hf")
                 export_ctranslate2(hf_dir, target, force=True)
-        return cls(target, **kw)
+        engine = cls(target, **kw)
+        engine._tmp = tmp  # removed with the engine
+        return engine
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
         """Source ids per line (no ``<eos>``), cut to the model's positional limit."""
@@ -173,6 +184,19 @@ class CTranslate2Translator:
                 out[i] = hyp
         return out
 
+    def decode(
+        self, batches: Iterable[dict[str, Any]], progress: Callable[[int], None] | None = None
+    ) -> list[list[int]]:
+        """:func:`transformer_mt.inference.decode.decode` for this engine: output ids of every
+        collated batch, in input order (by ``batch["index"]``)."""
+        by_index: dict[int, list[int]] = {}
+        for batch in batches:
+            hyps = self.decode_batch(batch)
+            by_index.update(zip(batch["index"].tolist(), hyps))
+            if progress is not None:
+                progress(len(hyps))
+        return [by_index[i] for i in sorted(by_index)]
+
     def translate_ids(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
         """Output ids (no ``<bos>``/``<eos>``) for each source id list, in order."""
         out: list[list[int]] = [[] for _ in ids]
@@ -200,3 +224,30 @@ def _read_json(path: Path) -> dict[str, Any]:
         return {}
     data = json.loads(path.read_text(encoding="utf-8"))
     return data if isinstance(data, dict) else {}
+
+
+#: Decoding engines of evaluate.py (``engine=``) and transformer-mt-translate (``--engine``).
+ENGINES = ("torch", "ctranslate2")
+
+
+def open_engine(
+    engine: str | None,
+    ckpt: str | os.PathLike[str],
+    search: SearchConfig,
+    model_dir: str | os.PathLike[str] | None = None,
+    **kw: Any,
+) -> CTranslate2Translator | None:
+    """``None`` for our torch decoding, else the CTranslate2 engine of ``ckpt``.
+
+    ``model_dir``: a directory written by ``transformer-mt-export --format ctranslate2`` (else
+    the checkpoint is converted into a temporary directory first, which takes seconds).
+    ``kw``: :class:`CTranslate2Translator` options (``compute_type``, ``threads``, ...).
+    """
+    if engine in (None, "", "torch"):
+        return None
+    if engine != "ctranslate2":
+        raise ExportError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
+    kw = {k: v for k, v in kw.items() if v is not None}
+    if model_dir:
+        return CTranslate2Translator(model_dir, search, **kw)
+    return CTranslate2Translator.from_checkpoint(ckpt, None, search=search, **kw)

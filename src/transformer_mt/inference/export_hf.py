@@ -41,7 +41,7 @@ EXTRA_HINT = "install the export extra: pip install 'transformer-mt[export]'"
 LOGITS_TOLERANCE = 1e-4
 
 
-class ExportError(UserError):
+class ExportError(UserError, ValueError):
     """The model cannot be exported as asked; the message names the option and the fix."""
 
 

@@ -223,6 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
     parser.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
     parser.add_argument("-q", "--quiet", action="store_true", help="only errors on stderr")
+    parser.add_argument(
+        "--engine", choices=("torch", "ctranslate2"), default="torch", help="decoding engine"
+    )
+    parser.add_argument("--ct2-model", help="CTranslate2 dir of transformer-mt-export (optional)")
+    parser.add_argument("--compute-type", help="CTranslate2 weights: int8, float32, ...")
     return parser
 
 
@@ -263,7 +268,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_len_a=args.max_len_a,
             max_len_b=args.max_len_b,
         )
-        translator = Translator(loaded, search, args.max_tokens, args.batch_size)
+        translator: Any = Translator(loaded, search, args.max_tokens, args.batch_size)
+        if args.engine != "torch":  # the same tokenizer, caps and banned tokens
+            from transformer_mt.inference.export_ctranslate2 import open_engine
+
+            translator = open_engine(
+                args.engine, args.ckpt, search, args.ct2_model,
+                compute_type=args.compute_type, max_tokens=translator.max_tokens,
+            )  # fmt: skip
         if args.buffer_size < 1:
             raise ValueError(f"--buffer-size must be >= 1, got {args.buffer_size}")
         source, sink = _open_input(args.input), _open_output(args.output)

@@ -1,0 +1,185 @@
+"""One error surface for every entry point: a user mistake is one line, never a traceback.
+
+Entry points (train.py, evaluate.py, scripts/translate.py, ...) wrap the work they do in
+:func:`guarded` and call their Hydra ``main`` through :func:`run_entry_point`::
+
+    @hydra.main(version_base="1.3", config_path="configs", config_name="train")
+    def main(cfg: DictConfig) -> float | None:
+        return guarded(run)(cfg)
+
+    if __name__ == "__main__":
+        run_entry_point(main)
+
+What the user sees on stderr, and the exit status:
+
+- :class:`UserError`, ``ValueError``, ``OSError`` (missing files, permissions, full disk,
+  ``ConnectionError`` for the Hub), OmegaConf/Hydra config errors:
+  ``error: <cause and fix>``, exit 2 (:data:`EXIT_USER_ERROR`).
+- Hydra's own composition errors (unknown key, unknown group option): Hydra's message,
+  no traceback, exit 2 (see :func:`run_entry_point`).
+- :class:`NonFiniteLossError`: ``error: <step, causes, checkpoint>``,
+  exit 1 (:data:`EXIT_RUNTIME_ERROR`).
+- :class:`TrainingInterrupted`, Ctrl-C: ``error: <checkpoint to resume from>``, exit 130.
+- Anything else is a bug: its traceback, exit 1.
+
+``HYDRA_FULL_ERROR=1`` or ``TRANSFORMER_MT_DEBUG=1`` prints the traceback before the line.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "EXIT_RUNTIME_ERROR",
+    "EXIT_USER_ERROR",
+    "NonFiniteLossError",
+    "TrainingInterrupted",
+    "UserError",
+    "exit_code_for",
+    "guarded",
+    "one_line",
+    "run_entry_point",
+]
+
+#: A mistake in the command line, the config or the input files: fix it and run again.
+EXIT_USER_ERROR = 2
+#: The run started but failed (non-finite loss, an unexpected bug).
+EXIT_RUNTIME_ERROR = 1
+#: Ctrl-C / SIGTERM: 128 + SIGINT, as shells report it.
+EXIT_INTERRUPTED = 130
+
+DEBUG_VARIABLES = ("HYDRA_FULL_ERROR", "TRANSFORMER_MT_DEBUG")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class UserError(Exception):
+    """A problem the user can fix; the message states the cause and the fix in one sentence."""
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+class TrainingInterrupted(Exception):
+    """Training stopped on Ctrl-C or SIGTERM; the message names the checkpoint to resume from."""
+
+
+class _State:
+    """Whether a guarded function started: before that, a Hydra exit is a config error."""
+
+    task_started = False
+
+
+def _debug() -> bool:
+    return any(os.environ.get(var, "") not in ("", "0") for var in DEBUG_VARIABLES)
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """Unwrap Hydra's InstantiationException to the error raised by the ``_target_``."""
+    from hydra.errors import InstantiationException
+
+    while isinstance(exc, InstantiationException) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return exc
+
+
+def exit_code_for(exc: BaseException) -> int | None:
+    """The exit status for a known failure, or ``None`` for a bug (show its traceback)."""
+    from hydra.errors import HydraException, InstantiationException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(exc, InstantiationException) and isinstance(_root_cause(exc), TypeError):
+        return EXIT_USER_ERROR  # a wrong argument in a _target_ config, e.g. +data.typo=1
+    exc = _root_cause(exc)
+    if isinstance(exc, (TrainingInterrupted, KeyboardInterrupt)) or _during_ctrl_c(exc):
+        return EXIT_INTERRUPTED
+    if isinstance(exc, NonFiniteLossError):
+        return EXIT_RUNTIME_ERROR
+    user_errors = (UserError, ValueError, OSError, OmegaConfBaseException, HydraException)
+    if isinstance(exc, user_errors):  # OSError covers FileNotFound, Permission, Connection
+        return EXIT_USER_ERROR
+    return None
+
+
+def _during_ctrl_c(exc: BaseException) -> bool:
+    """An error raised by cleanup code while a KeyboardInterrupt was propagating."""
+    context = exc.__context__
+    while context is not None:
+        if isinstance(context, KeyboardInterrupt):
+            return True
+        context = context.__context__
+    return False
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of ``exc`` (unwrapped) folded onto a single line."""
+    from hydra.errors import InstantiationException
+
+    if isinstance(exc, InstantiationException) and isinstance(_root_cause(exc), TypeError):
+        return (
+            f"{_root_cause(exc)}; remove or fix that key (python train.py --cfg job shows all keys)"
+        )
+    exc = _root_cause(exc)
+    if isinstance(exc, KeyboardInterrupt) or (
+        _during_ctrl_c(exc) and not isinstance(exc, TrainingInterrupted)
+    ):
+        return "interrupted (Ctrl-C) outside training; no checkpoint was written"
+    text = str(exc)
+    if isinstance(exc, KeyError) or not text:
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return " ".join(text.split())
+
+
+def _in_multirun() -> bool:
+    """True inside a job of a Hydra multirun (``-m``): a sweep, not a single run."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def guarded(fn: F) -> F:
+    """Wrap ``fn`` so that known failures print ``error: ...`` on stderr and exit.
+
+    Unknown exceptions (bugs) propagate unchanged, with their traceback. In a multirun
+    a failed job must not end the sweep: the exception goes back to Hydra, which records
+    the job as failed (the sweep summary shows the reason) and runs the next one.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _State.task_started = True
+        try:
+            return fn(*args, **kwargs)
+        except (Exception, KeyboardInterrupt) as exc:
+            code = exit_code_for(exc)
+            if code is None or (code != EXIT_INTERRUPTED and _in_multirun()):
+                raise
+            if _debug():
+                traceback.print_exc()
+            sys.stdout.flush()
+            print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
+            sys.exit(code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def run_entry_point(main: Callable[[], Any]) -> None:
+    """Call a ``@hydra.main`` function; Hydra's config errors exit with :data:`EXIT_USER_ERROR`.
+
+    Hydra prints its own clear message for an unknown key or group option and exits 1
+    before the task runs; that is a user error, so the status becomes 2 like the others.
+    """
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code == 1 and not _State.task_started:
+            sys.exit(EXIT_USER_ERROR)
+        raise

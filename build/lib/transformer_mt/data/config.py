@@ -1,0 +1,201 @@
+"""``DataConfig``: every data setting, typed, with its one default.
+
+The data groups of Hydra (``configs/data/*.yaml``) instantiate it (``_target_:
+transformer_mt.data.config.DataConfig``); :class:`~transformer_mt.data.datamodule.
+TranslationDataModule` and :func:`~transformer_mt.data.prepare.prepare` take it whole; the
+training run stores :meth:`DataConfig.to_dict` in every checkpoint, and evaluate.py rebuilds
+it with :meth:`DataConfig.from_dict` (plus its ``data.*`` overrides, :func:`stored_overrides`).
+
+The defaults are the embedded data set (``configs/data/numbers.yaml``, a test holds the two
+equal), except ``cache_dir``: without one nothing is written outside the run directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+SOURCES = ("hub", "files", "generated")
+FILE_FORMATS = ("auto", "parallel", "tsv", "jsonl")
+TASKS = ("sentences", "numbers")
+
+#: Multi30k file prefixes (github: multi30k/dataset, data/task1/raw).
+DEFAULT_PREFIXES: dict[str, str] = {
+    "train": "train",
+    "validation": "val",
+    "test": "test_2016_flickr",
+}
+DEFAULT_HUB_SPLITS: dict[str, str] = {
+    "train": "train",
+    "validation": "validation",
+    "test": "test",
+}
+DEFAULT_SIZES: dict[str, int] = {"train": 20000, "validation": 500, "test": 500}
+
+#: Keys that data configs stored by earlier code carry but that are not data settings: the
+#: Hydra target, and arguments the data module takes besides its config.
+_NOT_SETTINGS = ("_target_", "_convert_", "work_dir", "tokenizer", "only_splits")
+
+
+@dataclass
+class DataConfig:
+    """Where the parallel text comes from, how it is tokenized and batched.
+
+    Attributes:
+        name: A label for run names and logs (``multi30k_en_de``); default
+            ``{source}_{src_lang}_{tgt_lang}``.
+        source: ``"generated"`` (the embedded number sentences), ``"files"`` or ``"hub"``.
+        src_lang, tgt_lang: Language codes; they name columns and files.
+        hub_id: Hub data set id (``bentrevett/multi30k``, ``wmt/wmt14``), ``source=hub``.
+        hub_config: Hub config name (``de-en``); ``None`` if it has none.
+        hub_splits: Our split name -> the Hub's split name.
+        hub_revision: Hub revision; ``refs/convert/parquet`` reads the Parquet export of a
+            script-based data set (``datasets`` >= 4 no longer runs loading scripts).
+        dir: Directory of local files, ``source=files`` (relative paths resolve against the
+            current directory, which Hydra leaves at the project root).
+        prefixes: Split name -> file prefix in ``dir``; an extra entry adds a split.
+        file_format: ``"parallel"`` ({prefix}.{lang}), ``"tsv"``, ``"jsonl"`` or ``"auto"``.
+        sizes: Generated split sizes.
+        number_range: Generated numbers are drawn from ``[low, high]`` (inclusive).
+        task: Generated task: ``"sentences"`` (template sentences, see
+            :mod:`transformer_mt.data.numbers`) or ``"numbers"`` (bare number words).
+        vocab_size: BPE vocabulary size (each side if not joint).
+        joint_vocab: One vocabulary for both languages (lets the model tie embeddings).
+        min_frequency: Minimum count of a BPE merge.
+        max_tokens: Training batch budget, padding included: ``B * max(S, T)``.
+        eval_max_tokens: Decoding batch budget (validation, test, evaluate.py, translate),
+            padded *source* tokens ``B * max(S)``; ``None``: ``max_tokens``.
+        max_len: Longest sentence in subword tokens, without ``<bos>``/``<eos>``. Longer
+            training pairs are dropped; longer eval sources are cut (see
+            :func:`transformer_mt.data.collate.source_limit`).
+        num_workers: DataLoader worker processes.
+        num_proc: Processes for tokenizing with ``datasets.map``.
+        seed: Seed of the generated corpus and of batch shuffling.
+        cache_dir: Where tokenized Arrow files and the generated corpus are kept (``None``:
+            in memory). Hub downloads use the ``datasets`` cache (``HF_DATASETS_CACHE``).
+    """
+
+    name: str | None = None
+    source: str = "generated"
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    hub_id: str | None = None
+    hub_config: str | None = None
+    hub_splits: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_HUB_SPLITS))
+    hub_revision: str | None = None
+    dir: str | None = None
+    prefixes: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PREFIXES))
+    file_format: str = "auto"
+    sizes: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_SIZES))
+    number_range: tuple[int, int] = (2, 99999)
+    task: str = "sentences"
+    vocab_size: int = 512
+    joint_vocab: bool = True
+    min_frequency: int = 2
+    max_tokens: int = 2048
+    eval_max_tokens: int | None = 4096
+    max_len: int = 64
+    num_workers: int = 0
+    num_proc: int = 1
+    seed: int = 0
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        # Hydra hands over DictConfig/ListConfig and YAML gives lists: keep plain types,
+        # which is also what a checkpoint may hold (torch.load(weights_only=True)).
+        self.hub_splits = {str(k): str(v) for k, v in dict(self.hub_splits).items()}
+        self.prefixes = {str(k): str(v) for k, v in dict(self.prefixes).items()}
+        self.sizes = {str(k): int(v) for k, v in dict(self.sizes).items()}
+        if len(self.number_range) != 2:
+            raise ValueError(
+                f"data.number_range must be [low, high], got {list(self.number_range)}; "
+                "e.g. data.number_range=[2,99999]"
+            )
+        self.number_range = (int(self.number_range[0]), int(self.number_range[1]))
+        self.dir = None if self.dir is None else str(self.dir)
+        self.cache_dir = None if self.cache_dir is None else str(self.cache_dir)
+        for key in ("vocab_size", "min_frequency", "max_tokens", "max_len", "seed"):
+            setattr(self, key, int(getattr(self, key)))
+        self.num_workers, self.num_proc = int(self.num_workers), int(self.num_proc)
+        self.joint_vocab = bool(self.joint_vocab)
+        if self.eval_max_tokens is None:
+            self.eval_max_tokens = self.max_tokens
+        self.eval_max_tokens = int(self.eval_max_tokens)
+        if self.name is None:
+            self.name = f"{self.source}_{self.src_lang}_{self.tgt_lang}"
+        self._check()
+
+    def _check(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(
+                f"Unknown corpus source {self.source!r}; choose one of {SOURCES} "
+                "(e.g. data.source=files)."
+            )
+        if self.file_format not in FILE_FORMATS:
+            raise ValueError(
+                f"Unknown file_format {self.file_format!r}; choose one of {FILE_FORMATS}."
+            )
+        if self.task not in TASKS:
+            raise ValueError(
+                f"Unknown generated task {self.task!r}; use data.task=sentences or numbers."
+            )
+        if self.src_lang == self.tgt_lang:
+            raise ValueError(
+                f"src_lang and tgt_lang are both {self.src_lang!r}; set two different "
+                "languages, e.g. data.src_lang=en data.tgt_lang=de."
+            )
+        if self.max_len < 1:
+            raise ValueError(f"max_len must be at least 1, got {self.max_len}.")
+        for key in ("max_tokens", "eval_max_tokens"):
+            value = getattr(self, key)
+            if value < self.max_len + 2:  # the longest tensor row is <bos> + max_len + <eos>
+                raise ValueError(
+                    f"{key}={value} cannot hold one sentence of max_len={self.max_len} "
+                    f"(+2 special tokens); raise data.{key} or lower data.max_len."
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types only (lists, not tuples): for checkpoints and YAML."""
+        values = asdict(self)
+        values["number_range"] = list(self.number_range)
+        return values
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> DataConfig:
+        """A config from a stored mapping: a checkpoint's ``transformer_mt.data`` entry, the
+        ``data`` section of a run's ``.hydra/config.yaml``, or both merged with overrides.
+
+        Keys that earlier code stored beside the settings (``_target_``, ``work_dir``) are
+        ignored; any other unknown key is an error that names it.
+        """
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in values.items() if k not in _NOT_SETTINGS}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown data config key(s) {unknown}; the data settings are "
+                f"{sorted(known)} (see transformer_mt/data/config.py)"
+            )
+        return cls(**values)
+
+
+def stored_overrides() -> dict[str, Any]:
+    """Every :class:`DataConfig` key set to ``None`` ("as stored"), dict keys one level deep.
+
+    evaluate.py's default ``data`` node (registered as ``data=stored``): Hydra accepts an
+    override such as ``data.prefixes.test=test_2017_flickr`` only for a key that exists.
+    """
+    node: dict[str, Any] = {}
+    defaults = DataConfig()
+    for f in fields(DataConfig):
+        default = getattr(defaults, f.name)
+        node[f.name] = {k: None for k in default} if isinstance(default, dict) else None
+    return node
+
+
+def register_stored_overrides() -> None:
+    """Register :func:`stored_overrides` as the Hydra config ``data=stored`` (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(group="data", name="stored", node=stored_overrides())

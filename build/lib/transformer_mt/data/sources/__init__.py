@@ -1,0 +1,98 @@
+"""Parallel corpora by source kind: the Hugging Face Hub, local files, or generated.
+
+Every source returns a :class:`datasets.DatasetDict` with two text columns, ``src`` and
+``tgt``, and (at least) the splits ``train``, ``validation`` and ``test``. Nothing here
+tokenizes; lengths and filtering happen after tokenization (:mod:`transformer_mt.data.prepare`).
+
+- :mod:`.hub`: ``datasets.load_dataset`` (``data.source=hub``);
+- :mod:`.files`: line-aligned, TSV or JSONL files (``data.source=files``);
+- :mod:`.generated`: the embedded number sentences (``data.source=generated``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import datasets
+
+from transformer_mt.data.config import DataConfig
+from transformer_mt.data.sources.files import load_files_corpus
+from transformer_mt.data.sources.generated import generate_numbers_corpus
+from transformer_mt.data.sources.hub import load_hub_corpus
+
+__all__ = [
+    "REQUIRED_SPLITS",
+    "generate_numbers_corpus",
+    "iter_texts",
+    "load_corpus",
+    "load_files_corpus",
+    "load_hub_corpus",
+]
+
+REQUIRED_SPLITS = ("train", "validation", "test")
+
+
+def load_corpus(config: DataConfig) -> datasets.DatasetDict:
+    """Load the corpus ``config`` describes, as ``src``/``tgt`` text columns.
+
+    Raises:
+        FileNotFoundError, ValueError, ConnectionError: with the path or
+            value at fault and how to fix it.
+    """
+    if config.source == "hub":
+        corpus = load_hub_corpus(
+            config.hub_id,
+            config.hub_config,
+            config.src_lang,
+            config.tgt_lang,
+            splits=config.hub_splits,
+            revision=config.hub_revision,
+        )
+    elif config.source == "files":
+        if config.dir is None:
+            raise ValueError(
+                "source=files needs a directory: set data.dir, e.g. "
+                "data.dir=../shared/data/multi30k."
+            )
+        corpus = load_files_corpus(
+            config.dir,
+            config.src_lang,
+            config.tgt_lang,
+            prefixes=config.prefixes,
+            file_format=config.file_format,
+        )
+    else:
+        corpus = generate_numbers_corpus(
+            src_lang=config.src_lang,
+            tgt_lang=config.tgt_lang,
+            sizes=config.sizes,
+            number_range=config.number_range,
+            seed=config.seed,
+            task=config.task,
+        )
+    _check_splits(corpus, config.source)
+    return corpus
+
+
+def _check_splits(corpus: datasets.DatasetDict, where: str) -> None:
+    missing = [s for s in REQUIRED_SPLITS if s not in corpus]
+    if missing:
+        raise ValueError(
+            f"The {where} corpus has no split(s) {missing} (it has {sorted(corpus)}); "
+            "map them in the config (hub_splits / prefixes / sizes)."
+        )
+    for name, split in corpus.items():
+        if len(split) == 0:
+            raise ValueError(
+                f"Split {name!r} of the {where} corpus is empty; check its file or config."
+            )
+
+
+def iter_texts(
+    split: datasets.Dataset, columns: tuple[str, ...], batch_size: int = 10000
+) -> Iterator[list[str]]:
+    """Yield batches of text from ``columns`` of ``split`` (for tokenizer training)."""
+    for start in range(0, len(split), batch_size):
+        rows = split[start : start + batch_size]
+        for column in columns:
+            yield rows[column]

@@ -1,0 +1,291 @@
+"""The evaluation pipeline behind evaluate.py: checkpoint -> data -> decode -> sacreBLEU.
+
+``python evaluate.py ckpt_path=PATH`` scores a checkpoint on the test split of the data it was
+trained on, with the tokenizer and model config stored in the checkpoint; overrides pick
+another split, other files or other decoding options (see ``configs/evaluate.yaml``). The
+data config (:class:`~transformer_mt.data.config.DataConfig`) comes from, in order: the
+checkpoint (``transformer_mt.data``), the training run's ``.hydra/config.yaml`` next to the
+checkpoint's folder, or the overrides alone; non-null ``data.*`` overrides always win.
+
+No Lightning: the split is built by :func:`transformer_mt.data.prepare.prepare` and batched by
+:func:`~transformer_mt.data.prepare.decode_loader`, the loader of validation and test in
+training, and decoded by the same loop (:mod:`transformer_mt.inference.decode`), so the BLEU
+printed here is the trainer's ``test/bleu`` for the same checkpoint and decoding options.
+
+Results go to ``results.json`` and the hypotheses to a text file in the run directory, and a
+short table is printed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
+from transformer_mt.data.collate import source_limit
+from transformer_mt.data.config import DataConfig, register_stored_overrides
+from transformer_mt.data.prepare import PreparedData, decode_loader, prepare
+from transformer_mt.files import write_text_atomic
+from transformer_mt.inference.decode import decode, progress_bar
+from transformer_mt.inference.metrics import corpus_scores
+from transformer_mt.inference.translate import Translator, resolve_device, search_config
+
+log = logging.getLogger(__name__)
+
+# configs/evaluate.yaml's default `data: stored` (every key null = as stored).
+register_stored_overrides()
+
+
+class DataMismatchError(ValueError):
+    """The data to evaluate on does not fit the checkpoint (languages, split)."""
+
+
+# ----------------------------------------------------------------------------- data config
+
+
+def _non_null(values: Any) -> Any:
+    """Drop ``None`` leaves (recursively): they mean "as stored in the checkpoint"."""
+    if isinstance(values, Mapping):
+        out = {k: _non_null(v) for k, v in values.items() if v is not None}
+        return {k: v for k, v in out.items() if v != {}}
+    return values
+
+
+def _deep_merge(base: dict[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _deep_merge(dict(merged[key]), value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _training_run_data(ckpt_path: Path) -> dict[str, Any] | None:
+    """The data config in the Hydra config of the run that wrote ``ckpt_path``, if any."""
+    for run_dir in (ckpt_path.parent.parent, ckpt_path.parent):
+        config_file = run_dir / ".hydra" / "config.yaml"
+        if not config_file.is_file():
+            continue
+        try:
+            conf = OmegaConf.load(config_file)  # YAML (safe loader), not pickle
+            data = OmegaConf.to_container(conf.data, resolve=True)
+        except Exception as err:  # a broken or partial file: fall back to the overrides
+            log.warning("could not read the data config in %s: %s", config_file, err)
+            continue
+        if isinstance(data, dict):
+            log.info("data config from the training run: %s", config_file)
+            return data
+    return None
+
+
+def resolve_data_config(cfg_data: Any, loaded: LoadedModel) -> tuple[DataConfig, str]:
+    """The data config to evaluate on and where it came from.
+
+    Returns:
+        ``(config, origin)``: origin is ``"checkpoint"``, ``"training run"`` or ``"overrides"``.
+    """
+    if cfg_data is None:
+        overlay: dict[str, Any] = {}
+    elif isinstance(cfg_data, DictConfig):
+        container = OmegaConf.to_container(cfg_data, resolve=True)
+        overlay = _non_null(container) if isinstance(container, dict) else {}
+    else:
+        overlay = _non_null(dict(cfg_data))
+    if loaded.data is not None:
+        base, origin = dict(loaded.data), "checkpoint"
+    else:
+        run_data = _training_run_data(loaded.path)
+        base, origin = (run_data, "training run") if run_data is not None else ({}, "overrides")
+    merged = _deep_merge(base, overlay)
+    if origin == "overrides" and "source" not in merged:
+        raise DataMismatchError(
+            f"{loaded.path} stores no data config and no .hydra/config.yaml of its training "
+            "run was found; name the data: data=numbers (with the training overrides, e.g. "
+            "data.sizes.train=N), data=multi30k data.source=files, or data=files data.dir=DIR"
+        )
+    return DataConfig.from_dict(merged), origin
+
+
+def check_languages(data: DataConfig, loaded: LoadedModel) -> None:
+    """The data's languages must be the checkpoint's."""
+    for side, have, want in (
+        ("source", data.src_lang, loaded.src_lang),
+        ("target", data.tgt_lang, loaded.tgt_lang),
+    ):
+        if want is not None and have != want:
+            raise DataMismatchError(
+                f"{loaded.path} translates {loaded.src_lang}->{loaded.tgt_lang} but the data "
+                f"is {data.src_lang}->{data.tgt_lang} ({side} language differs); "
+                f"set data.src_lang={loaded.src_lang} data.tgt_lang={loaded.tgt_lang} or use "
+                "a checkpoint trained for this direction"
+            )
+
+
+def load_split(data: DataConfig, loaded: LoadedModel, split: str) -> PreparedData:
+    """Tokenize one split of ``data`` with the checkpoint's tokenizer."""
+    prepared = prepare(data, tokenizer=loaded.tokenizer, only_splits=[split])
+    if split not in prepared.splits:
+        raise DataMismatchError(
+            f"no split {split!r} in the data; it has {prepared.available_splits}. Add one with "
+            f"'+data.prefixes.{split}=FILE_PREFIX' (files) or choose split=test"
+        )
+    return prepared
+
+
+def _read_lines(path: str, what: str) -> list[str]:
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"{what} {file} does not exist; check the path")
+    with open(file, encoding="utf-8", errors="replace", newline="\n") as f:
+        return [line.rstrip("\n").rstrip("\r") for line in f]
+
+
+# ----------------------------------------------------------------------------- pipeline
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Evaluate ``cfg.ckpt_path``; write results.json and the hypotheses; return the results."""
+    if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.get("ckpt_path"):
+        raise CheckpointError(
+            "no checkpoint given; run `python evaluate.py ckpt_path=PATH`, e.g. "
+            "ckpt_path=outputs/<task>/runs/<time>/checkpoints/last.ckpt"
+        )
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg.threads))
+    device = resolve_device(cfg.get("device", "auto"))
+    ckpt_path = Path(str(cfg.ckpt_path))
+    loaded = load_model(ckpt_path, device)
+    dec = cfg.get("decoding") or {}
+    search = search_config(
+        loaded.decoding,
+        beam_size=dec.get("beam_size"),
+        length_penalty=dec.get("length_penalty"),
+        max_len_a=dec.get("max_len_a"),
+        max_len_b=dec.get("max_len_b"),
+    )
+    batch = cfg.get("batch") or {}
+    max_tokens, max_sentences = batch.get("max_tokens"), batch.get("sentences")
+
+    source_file = cfg.get("source_file")
+    progress = bool(cfg.get("progress", True))
+    if source_file:
+        sources = _read_lines(str(source_file), "source_file")
+        reference_file = cfg.get("reference_file")
+        references = _read_lines(str(reference_file), "reference_file") if reference_file else None
+        if references is not None and len(references) != len(sources):
+            raise DataMismatchError(
+                f"source_file has {len(sources)} lines but reference_file has "
+                f"{len(references)}; they must be line-aligned"
+            )
+        translator = Translator(loaded, search, max_tokens, max_sentences)
+        batches: Iterable[dict[str, Any]] = translator.batches(
+            translator.encode(sources, where=str(source_file))
+        )
+        max_tokens = translator.max_tokens
+        data_info: dict[str, Any] = {
+            "source_file": str(source_file),
+            "reference_file": str(reference_file) if reference_file else None,
+        }
+    else:
+        data, origin = resolve_data_config(cfg.get("data"), loaded)
+        check_languages(data, loaded)
+        split = str(cfg.get("split", "test"))
+        prepared = load_split(data, loaded, split)
+        sources, references = (
+            list(prepared.splits[split]["src"]),
+            list(prepared.splits[split]["tgt"]),
+        )
+        if max_tokens is None and max_sentences is None:
+            max_tokens = data.eval_max_tokens
+        limit = source_limit(data.max_len, loaded.config.max_len)
+        batches = decode_loader(prepared, split, limit, max_tokens, max_sentences)
+        data_info = {"split": split, "origin": origin, "config": data.to_dict()}
+
+    log.info("decoding %d sentences on %s: %s", len(sources), device, _search_name(search))
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    tok = loaded.tokenizer
+    with progress_bar(progress, len(sources)) as advance:
+        hyp_ids = decode(loaded.model, batches, tok.bos_id, tok.eos_id, search, advance)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    hypotheses = loaded.tokenizer.decode_hypotheses(hyp_ids)
+
+    results: dict[str, Any] = {
+        "checkpoint": {
+            "path": str(ckpt_path),
+            "global_step": loaded.global_step,
+            "epoch": loaded.epoch,
+            "src_lang": loaded.src_lang,
+            "tgt_lang": loaded.tgt_lang,
+            "parameters": loaded.model.num_parameters(),
+        },
+        "data": data_info,
+        "decoding": {
+            **asdict(search),
+            "max_tokens": max_tokens,
+            "batch_sentences": max_sentences,
+            "device": device,
+        },
+        "n_sentences": len(sources),
+        "decoding_time_s": round(elapsed, 4),
+        "sentences_per_s": round(len(sources) / elapsed, 2) if elapsed > 0 else None,
+    }
+    if references is not None:
+        scores = corpus_scores(hypotheses, references)
+        results["metrics"] = {"bleu": scores.bleu, "bleu_lc": scores.bleu_lc, "chrf": scores.chrf}
+        results["signature"] = {"bleu": scores.bleu_signature, "chrf": scores.chrf_signature}
+
+    results_path = Path(str(cfg.get("results_path") or Path(str(cfg.run_dir)) / "results.json"))
+    hyp_path = Path(str(cfg.get("hypotheses_path") or results_path.with_name("hypotheses.txt")))
+    results["hypotheses_path"] = str(hyp_path)
+    for path in (results_path, hyp_path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(hyp_path, "".join(h + "\n" for h in hypotheses))
+    write_text_atomic(results_path, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    results["results_path"] = str(results_path)
+    _print_table(results)
+    return results
+
+
+def _search_name(search: Any) -> str:
+    return "greedy" if search.beam_size == 1 else f"beam {search.beam_size}"
+
+
+def _print_table(results: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="transformer-mt: evaluation", show_header=False)
+    data = results["data"]
+    table.add_row("checkpoint", results["checkpoint"]["path"])
+    table.add_row("data", data.get("source_file") or f"{data['split']} ({data['origin']})")
+    dec = results["decoding"]
+    table.add_row(
+        "decoding",
+        "greedy"
+        if dec["beam_size"] == 1
+        else f"beam {dec['beam_size']}, alpha {dec['length_penalty']}",
+    )
+    for name, value in (results.get("metrics") or {}).items():
+        table.add_row(name, f"{value:.2f}")
+    if "signature" in results:
+        table.add_row("signature", results["signature"]["bleu"])
+    table.add_row("sentences", str(results["n_sentences"]))
+    table.add_row(
+        "time",
+        f"{results['decoding_time_s']:.2f} s ({results['sentences_per_s'] or 0:.1f} sentences/s)",
+    )
+    table.add_row("results", results["results_path"])
+    Console().print(table)

@@ -1,0 +1,246 @@
+"""Our model as a standard Hugging Face class: which class, its config, weights, tokenizer.
+
+Which standard class holds our model exactly:
+
+* post-LN (``norm_first=false``, the paper) -> ``MarianMTModel``;
+* pre-LN (``norm_first=true``) -> ``PegasusForConditionalGeneration`` (pre-LN layers and a final
+  LayerNorm on both stacks, as ours).
+
+Both scale token embeddings by sqrt(d_model), add sinusoidal positions of our frequencies, and
+have biases on every attention projection. Their position table puts the sines in the first
+half of the features and the cosines in the second, where ours interleaves them; and they
+rebuild the table from the formula on load (it is not saved). So the export renames the
+model's d_model features by the fixed permutation that turns our table into theirs
+(:mod:`transformer_mt.inference.export_weights`); :func:`check_logits` verifies the result on
+every export.
+
+``<bos>`` is the decoder start token (``decoder_start_token_id``); the tokenizer's post-processor
+appends ``<eos>`` to each source, as training did. Options no standard class represents (learned
+positions, per-head sizes that do not multiply to d_model, separate vocabularies) raise
+:class:`ExportError` naming the option.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from transformer_mt.checkpoint import LoadedModel
+from transformer_mt.cli import UserError
+from transformer_mt.data.tokenizer import BOS, EOS, PAD, UNK
+from transformer_mt.inference.export_weights import convert_state_dict, feature_permutation
+from transformer_mt.inference.search import SearchConfig
+from transformer_mt.model.transformer import ModelConfig
+
+EXTRA_HINT = "install the export extra: pip install 'transformer-mt[export]'"
+#: Exported logits may differ from ours by float rounding only (positions are recomputed).
+LOGITS_TOLERANCE = 1e-4
+
+
+class ExportError(UserError):
+    """The model cannot be exported as asked; the message names the option and the fix."""
+
+
+def _require(module: str) -> Any:
+    """Import an optional dependency of the ``export`` extra, or fail naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ExportError(f"{module} is not installed ({err}); {EXTRA_HINT}") from None
+
+
+# ------------------------------------------------------------------ which standard class
+
+
+@dataclass(frozen=True)
+class Target:
+    """The Hugging Face class that represents a model config exactly."""
+
+    architecture: str  # e.g. "MarianMTModel"
+    config_class: str  # e.g. "MarianConfig"
+    model_type: str  # "marian" | "pegasus"
+
+    @property
+    def pre_ln(self) -> bool:
+        return self.model_type == "pegasus"
+
+
+MARIAN = Target("MarianMTModel", "MarianConfig", "marian")
+PEGASUS = Target("PegasusForConditionalGeneration", "PegasusConfig", "pegasus")
+
+
+def choose_target(config: ModelConfig, joint_vocab: bool = True) -> Target:
+    """The standard class for ``config``, or :class:`ExportError` naming what blocks export."""
+    blockers = []
+    if config.positional != "sinusoidal":
+        blockers.append(
+            f"model.positional={config.positional} (Marian and Pegasus rebuild sinusoidal "
+            "positions from the formula; learned positions have no place there)"
+        )
+    d_k = config.d_k if config.d_k is not None else config.d_model // config.n_heads
+    d_v = config.d_v if config.d_v is not None else config.d_model // config.n_heads
+    if d_k * config.n_heads != config.d_model or d_v * config.n_heads != config.d_model:
+        blockers.append(
+            f"model.d_k={config.d_k}, model.d_v={config.d_v} with n_heads={config.n_heads} "
+            f"(standard classes need d_k = d_v = d_model / n_heads = "
+            f"{config.d_model / config.n_heads:g})"
+        )
+    if config.activation not in ("relu", "gelu"):
+        blockers.append(f"model.activation={config.activation}")
+    if not joint_vocab or config.src_vocab_size != config.tgt_vocab_size:
+        blockers.append(
+            "separate source and target vocabularies (data.joint_vocab=false): a Hugging Face "
+            "tokenizer directory holds one vocabulary"
+        )
+    if config.norm_first and not config.share_encoder_decoder_embeddings:
+        blockers.append(
+            "model.share_encoder_decoder_embeddings=false with model.norm_first=true "
+            "(PegasusForConditionalGeneration has one embedding for both sides)"
+        )
+    if blockers:
+        raise ExportError(
+            "this model cannot be exported exactly to a standard Hugging Face class: "
+            + "; ".join(blockers)
+            + ". Retrain with the default for the named option(s) to export"
+        )
+    return PEGASUS if config.norm_first else MARIAN
+
+
+def hf_config(config: ModelConfig, decoding: dict[str, Any] | None = None) -> Any:
+    """The ``transformers`` config of the standard class for ``config``."""
+    transformers = _require("transformers")
+    target = choose_target(config)
+    values = dict(
+        vocab_size=config.src_vocab_size,
+        max_position_embeddings=config.max_len,
+        d_model=config.d_model,
+        encoder_layers=config.n_encoder_layers,
+        decoder_layers=config.n_decoder_layers,
+        encoder_attention_heads=config.n_heads,
+        decoder_attention_heads=config.n_heads,
+        encoder_ffn_dim=config.d_ff,
+        decoder_ffn_dim=config.d_ff,
+        activation_function=config.activation,
+        dropout=config.dropout,
+        attention_dropout=config.attention_dropout,
+        activation_dropout=config.dropout,  # ours drops the FFN's hidden units at `dropout`
+        scale_embedding=True,
+        pad_token_id=config.pad_id,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+        forced_eos_token_id=2,
+        tie_word_embeddings=config.tie_embeddings,
+        architectures=[target.architecture],
+    )
+    if target is MARIAN:
+        values["share_encoder_decoder_embeddings"] = config.share_encoder_decoder_embeddings
+        values["decoder_vocab_size"] = config.tgt_vocab_size
+    return getattr(transformers, target.config_class)(**values)
+
+
+def generation_config(config: ModelConfig, decoding: dict[str, Any] | None) -> Any:
+    """``generate`` defaults that decode like our search.
+
+    Beam size and the "stop at K finished hypotheses" rule carry over exactly; ``<pad>`` and
+    ``<bos>`` are never generated (as in our search), and ``<eos>`` is forced at the length cap.
+    Two conventions differ and cannot be expressed: our length penalty is GNMT's
+    ``((5 + |Y|) / 6) ** alpha`` where ``generate`` divides by ``|Y| ** length_penalty`` (the
+    same value of alpha is written; with alpha = 0 both rank by log-probability), and our
+    length cap is per sentence (``max_len_a * source length + max_len_b``) where ``generate``
+    has one cap (``max_length``, here the model's positional limit).
+    """
+    transformers = _require("transformers")
+    search = _search_config(decoding)
+    beam = {}
+    if search.beam_size > 1:  # generate refuses beam options with num_beams=1
+        beam = {"early_stopping": True, "length_penalty": search.length_penalty}
+    return transformers.GenerationConfig(
+        decoder_start_token_id=1,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=config.pad_id,
+        forced_eos_token_id=2,
+        suppress_tokens=[config.pad_id, 1],
+        num_beams=search.beam_size,
+        max_length=config.max_len,
+        **beam,
+    )
+
+
+def _search_config(decoding: dict[str, Any] | None) -> SearchConfig:
+    known = set(SearchConfig.__dataclass_fields__)
+    return SearchConfig(**{k: v for k, v in (decoding or {}).items() if k in known})
+
+
+def to_huggingface(loaded: LoadedModel) -> tuple[Any, Any]:
+    """``(hf_model, hf_tokenizer)`` holding ``loaded``'s weights and vocabulary, in eval mode."""
+    transformers = _require("transformers")
+    target = choose_target(loaded.config, loaded.tokenizer.joint)
+    hf = getattr(transformers, target.architecture)(hf_config(loaded.config, loaded.decoding))
+    hf.generation_config = generation_config(loaded.config, loaded.decoding)
+    converted = convert_state_dict(loaded.model.cpu(), pre_ln=target.pre_ln)
+    expected = hf.state_dict()
+    # Left as the class builds them: the position tables (rebuilt from the formula on every
+    # load) and the zero output bias (ours has none).
+    kept = {k for k in expected if "embed_positions" in k or k == "final_logits_bias"}
+    missing = set(expected) - set(converted) - kept
+    unexpected = set(converted) - set(expected)
+    assert not missing and not unexpected, (sorted(missing)[:4], sorted(unexpected)[:4])
+    state = {k: converted.get(k, expected[k]) for k in expected}
+    for key in ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"):
+        table = state[key]  # must be the sinusoid of our frequencies, in the standard order
+        ours = loaded.model.encoder.embedding.position.pe[: table.size(0)].cpu()
+        assert torch.allclose(ours[:, feature_permutation(ours.size(1))], table, atol=1e-4)
+    hf.load_state_dict(state, strict=True)
+    hf.eval()
+    return hf, hf_tokenizer(loaded)
+
+
+def hf_tokenizer(loaded: LoadedModel) -> Any:
+    """A ``PreTrainedTokenizerFast`` over our (joint) vocabulary; appends ``<eos>`` itself."""
+    transformers = _require("transformers")
+    from tokenizers import Tokenizer as HFTokenizer
+
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=HFTokenizer.from_str(loaded.tokenizer.src.to_str()),
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        model_max_length=loaded.config.max_len - 1,  # room for the appended <eos>
+        padding_side="right",
+    )
+
+
+@torch.no_grad()
+def check_logits(loaded: LoadedModel, hf_model: Any, texts: Sequence[str]) -> float:
+    """Max |logit difference| between ours and the exported model on ``texts`` (teacher forced).
+
+    Raises:
+        ExportError: the difference exceeds :data:`LOGITS_TOLERANCE`.
+    """
+    tok = loaded.tokenizer
+    ids = tok.encode_batch(list(texts), add_special_tokens=True)
+    width = max(len(r) for r in ids)
+    src = torch.full((len(ids), width), tok.pad_id, dtype=torch.long)
+    for i, row in enumerate(ids):
+        src[i, : len(row)] = torch.tensor(row)
+    tgt_in = torch.cat([torch.full((len(ids), 1), tok.bos_id), src[:, :-1]], dim=1)
+    tgt_in = tgt_in.masked_fill(tgt_in == tok.eos_id, tok.pad_id)  # any prefix will do
+    model = loaded.model.cpu().eval()
+    ours = model(src, tgt_in)  # (B, T, V)
+    theirs = hf_model(
+        input_ids=src, attention_mask=src != tok.pad_id, decoder_input_ids=tgt_in
+    ).logits
+    diff = float((ours - theirs).abs().max())
+    if not diff <= LOGITS_TOLERANCE:
+        raise ExportError(
+            f"the exported model's logits differ from ours by {diff:.3g} (> {LOGITS_TOLERANCE}); "
+            "this is a bug in the exporter: please report it with the checkpoint's model config"
+        )
+    return diff

@@ -1,0 +1,299 @@
+"""Translate text with a checkpoint: the :class:`Translator` and the command line.
+
+``transformer-mt-translate --ckpt run/checkpoints/last.ckpt < input.en > output.de``
+
+One output line per input line, in order. Empty and whitespace-only lines give empty lines;
+sentences are sorted by length and batched by a token budget (or a sentence count), then put
+back in input order, by the decode loop validation and evaluate.py use
+(:mod:`transformer_mt.inference.decode`); a source longer than the checkpoint's
+``data.max_len`` (or the model's positional ``max_len`` - 1) is cut with a warning. Byte-level BPE encodes any Unicode text (emoji, CJK), so no input crashes the
+tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import logging
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict
+from typing import Any, TextIO
+
+import torch
+
+from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
+from transformer_mt.data.batching import decode_sampler
+from transformer_mt.data.collate import Collate, source_limit
+from transformer_mt.data.config import DataConfig
+from transformer_mt.inference.decode import decode, progress_bar
+from transformer_mt.inference.search import SearchConfig
+
+log = logging.getLogger(__name__)
+
+#: Budget when neither the caller nor the checkpoint's data config gives one.
+DEFAULT_MAX_TOKENS = 4096
+
+
+def resolve_device(device: str | None) -> str:
+    """``"auto"``/``None`` -> ``"cuda"`` if available, else ``"mps"`` if available, else CPU."""
+    if device in (None, "", "auto"):
+        if torch.cuda.is_available():
+            return "cuda"
+        if torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device} but CUDA is not available; use device=cpu")
+    return str(device)
+
+
+def search_config(decoding: dict[str, Any] | None, **overrides: Any) -> SearchConfig:
+    """A :class:`SearchConfig` from a checkpoint's decoding options plus non-``None`` overrides."""
+    known = set(asdict(SearchConfig()))
+    values = {k: v for k, v in (decoding or {}).items() if k in known}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return SearchConfig(**values)
+
+
+def stored_data_config(loaded: LoadedModel) -> DataConfig | None:
+    """The data config the checkpoint stores (``None`` if it stores none)."""
+    if not loaded.data:
+        return None
+    try:
+        return DataConfig.from_dict(loaded.data)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{loaded.path} holds an invalid data config: {err}") from None
+
+
+class Translator:
+    """Batched translation with a loaded checkpoint, through the one decode loop.
+
+    Sources are cut like the test split of training (:func:`source_limit` of the stored
+    ``data.max_len`` and the model's ``max_len``) and batched like it (the stored
+    ``data.eval_max_tokens`` is the default budget), so translating a test set gives the
+    hypotheses evaluate.py and the trainer score.
+
+    Args:
+        loaded: the model and tokenizer (:func:`transformer_mt.checkpoint.load_model`).
+        search: decoding options (beam_size 1 = greedy).
+        max_tokens: padded source tokens per batch (default when neither bound is given: the
+            checkpoint's ``data.eval_max_tokens``, else 4096).
+        max_sentences: sentences per batch (instead of, or on top of, ``max_tokens``).
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        search: SearchConfig | None = None,
+        max_tokens: int | None = None,
+        max_sentences: int | None = None,
+    ) -> None:
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if max_sentences is not None and max_sentences < 1:
+            raise ValueError(f"batch size in sentences must be >= 1, got {max_sentences}")
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.search = search or search_config(loaded.decoding)
+        data = stored_data_config(loaded)
+        if max_tokens is None and max_sentences is None:
+            max_tokens = DEFAULT_MAX_TOKENS if data is None else data.eval_max_tokens
+        self.max_tokens, self.max_sentences = max_tokens, max_sentences
+        #: source ids kept per sentence: the rule of every decoding path
+        self.limit = source_limit(None if data is None else data.max_len, loaded.config.max_len)
+        tok = self.tokenizer
+        self.collate = Collate(tok.pad_id, tok.bos_id, tok.eos_id, self.limit)
+
+    @property
+    def device(self) -> torch.device:
+        return self.loaded.device
+
+    def encode(self, lines: Sequence[str], where: str = "input") -> list[list[int]]:
+        """Source ids per line (no ``<eos>``); over-long lines are cut with a warning."""
+        ids = self.tokenizer.encode_src_batch([line.strip() for line in lines])
+        limit = self.limit
+        long_lines = [i for i, seq in enumerate(ids) if limit is not None and len(seq) > limit]
+        for i in long_lines[:5]:
+            log.warning(
+                "%s line %d has %d tokens, more than the %d a sentence may have (data.max_len, "
+                "or the model's max_len - 1): truncated",
+                where,
+                i + 1,
+                len(ids[i]),
+                limit,
+            )
+        if len(long_lines) > 5:
+            log.warning("... %d long lines truncated in all", len(long_lines))
+        return [seq[:limit] for seq in ids]
+
+    def batches(self, ids: Sequence[Sequence[int]]) -> Iterator[dict[str, Any]]:
+        """Collated batches of ``ids`` in the order every decoding path uses."""
+        limit = self.limit
+        lengths = [(len(s) if limit is None else min(len(s), limit)) + 1 for s in ids]  # + <eos>
+        for batch in decode_sampler(lengths, self.max_tokens, self.max_sentences):
+            yield self.collate({"src_ids": [ids[i] for i in batch], "index": batch})
+
+    def translate_ids(
+        self, ids: Sequence[Sequence[int]], progress: bool = False
+    ) -> list[list[int]]:
+        """Output ids (no ``<bos>``, cut before ``<eos>``) for each source id list, in order.
+
+        Empty sources give empty outputs without running the model.
+        """
+        if not ids:
+            return []
+        tok = self.tokenizer
+        with progress_bar(progress, len(ids)) as advance:
+            return decode(
+                self.model, self.batches(ids), tok.bos_id, tok.eos_id, self.search, advance
+            )
+
+    def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
+        """One translation per line, in order; never a line break inside a translation."""
+        return self.tokenizer.decode_hypotheses(self.translate_ids(self.encode(lines), progress))
+
+    @torch.no_grad()
+    def log_probs(
+        self, sources: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]
+    ) -> list[float]:
+        """Model log-probability of each output (``<eos>`` included) given its source.
+
+        A teacher-forced forward pass, one sentence at a time (for tests and diagnostics).
+        """
+        bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
+        scores = []
+        for src_ids, out_ids in zip(sources, outputs):
+            src = self.collate({"src_ids": [src_ids], "index": [0]})["src"].to(self.device)
+            tgt = torch.tensor([[bos, *out_ids, eos]], device=self.device)  # (1, T + 1)
+            logits = self.model(src, tgt[:, :-1])  # (1, T, V)
+            lp = logits.float().log_softmax(-1).gather(-1, tgt[:, 1:, None])  # (1, T, 1)
+            scores.append(float(lp.sum()))
+        return scores
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line.rstrip("\n").rstrip("\r"))
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="transformer-mt-translate",
+        description=(
+            "Translate text with a transformer-mt checkpoint: one output line per input line, "
+            "in order (empty lines stay empty). Decoding options default to those stored in "
+            "the checkpoint."
+        ),
+        epilog="example: transformer-mt-translate --ckpt run/checkpoints/last.ckpt < in.en > out.de",
+    )
+    parser.add_argument("--ckpt", required=True, help="checkpoint (.ckpt) written by train.py")
+    parser.add_argument(
+        "-i", "--input", default="-", help="input file, one sentence a line ('-' = stdin)"
+    )
+    parser.add_argument("-o", "--output", default="-", help="output file ('-' = stdout)")
+    parser.add_argument("--beam-size", type=int, help="beam size (1 = greedy)")
+    parser.add_argument("--greedy", action="store_true", help="greedy search (= --beam-size 1)")
+    parser.add_argument("--length-penalty", type=float, help="GNMT length penalty alpha")
+    parser.add_argument("--max-len-a", type=float, help="output length cap a * src_len + b: a")
+    parser.add_argument("--max-len-b", type=int, help="output length cap a * src_len + b: b")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        help="padded source tokens per batch (default: the checkpoint's data.eval_max_tokens)",
+    )
+    parser.add_argument("--batch-size", type=int, help="sentences per batch (instead of tokens)")
+    parser.add_argument(
+        "--buffer-size",
+        type=int,
+        default=10000,
+        help="lines read, sorted and translated at a time (default 10000)",
+    )
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
+    parser.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only errors on stderr")
+    return parser
+
+
+def _open_input(name: str) -> TextIO:
+    # Split on "\n" only (newline="\n"), so a stray "\r" or U+2028 inside a line cannot add
+    # lines; undecodable bytes become U+FFFD instead of stopping the run.
+    if name == "-":
+        return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
+    return open(name, encoding="utf-8", errors="replace", newline="\n")
+
+
+def _open_output(name: str) -> TextIO:
+    if name == "-":
+        return io.TextIOWrapper(
+            sys.stdout.buffer, encoding="utf-8", newline="\n", line_buffering=False
+        )
+    return open(name, "w", encoding="utf-8", newline="\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status.
+
+    A user error (missing or unsafe checkpoint, bad option) is one ``error:`` line on stderr
+    and status 2, as for train.py and evaluate.py (transformer_mt.cli); Ctrl-C gives 130.
+    """
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.ERROR if args.quiet else logging.WARNING,
+        format="%(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        loaded = load_model(args.ckpt, resolve_device(args.device))
+        search = search_config(
+            loaded.decoding,
+            beam_size=1 if args.greedy else args.beam_size,
+            length_penalty=args.length_penalty,
+            max_len_a=args.max_len_a,
+            max_len_b=args.max_len_b,
+        )
+        translator = Translator(loaded, search, args.max_tokens, args.batch_size)
+        if args.buffer_size < 1:
+            raise ValueError(f"--buffer-size must be >= 1, got {args.buffer_size}")
+        source, sink = _open_input(args.input), _open_output(args.output)
+    except (CheckpointError, ValueError, OSError) as err:
+        from transformer_mt.cli import one_line
+
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        return 2
+    start, count = time.perf_counter(), 0
+    try:
+        for chunk in _chunks(source, args.buffer_size):
+            for line in translator.translate(chunk, progress=args.progress):
+                sink.write(line + "\n")
+            sink.flush()
+            count += len(chunk)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if args.input != "-":
+            source.close()
+        if args.output != "-":
+            sink.close()
+        else:
+            sink.detach()  # leave sys.stdout usable
+        if args.input == "-":
+            source.detach()
+    elapsed = time.perf_counter() - start
+    log.info("translated %d lines in %.1f s", count, elapsed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""A wall-clock budget the learning rate can see: ``trainer.max_time`` as the schedule's horizon.
+
+A schedule that decays over a fixed number of epochs only anneals on the machine it was tuned
+on: on a machine half as fast, a 60-minute cap stops the run half-way down the decay, with the
+learning rate still high (issue 14 measured exactly that: stopped after 11 of 16 epochs at 0.35
+of the peak). :class:`TrainingBudget` turns the budget the user states in minutes into the
+decay's horizon instead, so the learning rate reaches zero when the budget ends, on a fast
+machine or a slow one:
+
+- it measures the training time of the run (validation included, as Lightning's ``Timer``
+  does for ``max_time``), keeps it in checkpoints, and so continues the count on resume;
+- the ``linear``/``cosine`` schedules decay by the fraction of the budget used since the warmup
+  ended (:func:`transformer_mt.training.schedules.lr_factor`);
+- it stops training early enough for the last validation to finish inside the budget (it
+  reserves the duration of the latest validation), so the annealed weights are validated,
+  checkpointed and tested.
+
+Without ``trainer.max_time`` it does nothing: step and epoch budgets are exact (and resume
+bit-identically); a time budget cannot be, since no two runs see the same clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback, Timer
+from lightning.pytorch.trainer.states import TrainerFn
+
+log = logging.getLogger(__name__)
+
+
+class TrainingBudget(Callback):
+    """Measures the run's use of ``trainer.max_time``; the lr schedule and the stop read it.
+
+    Added to every training run by :func:`transformer_mt.training.run.build`. The budget itself
+    comes from the trainer's ``max_time`` (Lightning's ``Timer`` still stops the run at that
+    time as a backstop; this callback stops it a validation earlier).
+
+    Args:
+        reserve_validation: stop when the time left is less than the latest validation took,
+            so that the final validation (of the fully annealed weights) ends inside the budget.
+    """
+
+    def __init__(self, reserve_validation: bool = True) -> None:
+        self.reserve_validation = reserve_validation
+        self.seconds: float | None = None  # the budget; None = no wall-clock budget
+        self.elapsed_before = 0.0  # training seconds of earlier parts of a resumed run
+        self.warmup_end: float | None = None  # training seconds when the warmup ended
+        self.last_validation = 0.0  # seconds the latest validation took
+        self._started: float | None = None
+        self._validation_started: float | None = None
+        self._stopped = False
+
+    # ------------------------------------------------------------------ clock
+
+    def now(self) -> float:
+        """Monotonic seconds; tests override it with a virtual clock."""
+        return time.monotonic()
+
+    def elapsed(self) -> float:
+        """Training seconds used so far (earlier parts of a resumed run included)."""
+        if self._started is None:
+            return self.elapsed_before
+        return self.elapsed_before + self.now() - self._started
+
+    def horizon(self) -> float | None:
+        """Seconds at which the decay reaches zero: the budget less the validation reserve."""
+        if self.seconds is None:
+            return None
+        reserve = self.last_validation if self.reserve_validation else 0.0
+        return max(self.seconds - reserve, 0.0)
+
+    def progress(self, step: int, warmup_steps: int) -> float | None:
+        """Fraction of the budget used since the warmup ended (0 during warmup); None: no budget.
+
+        ``step`` counts optimizer steps from 1. The first call past the warmup records when it
+        ended, so the decay spans exactly the time left after it.
+        """
+        horizon = self.horizon()
+        if horizon is None:
+            return None
+        if step <= warmup_steps:
+            return 0.0
+        now = self.elapsed()
+        if self.warmup_end is None:
+            self.warmup_end = now
+        span = horizon - self.warmup_end
+        if span <= 0.0:
+            return 1.0
+        return min(max((now - self.warmup_end) / span, 0.0), 1.0)
+
+    # ------------------------------------------------------------------ Lightning hooks
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        timer = next((cb for cb in trainer.callbacks if isinstance(cb, Timer)), None)
+        if timer is None or timer.time_remaining() is None:
+            self.seconds = None
+            return
+        # Timer counts from its own (restored) offset; its budget is elapsed + remaining.
+        self.seconds = float(timer.time_elapsed() + (timer.time_remaining() or 0.0))
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._started = self.now()
+        if self.seconds is not None:
+            log.info(
+                "wall-clock budget: %.0f s (%.0f s used before this start); the learning rate "
+                "decays to zero by its end",
+                self.seconds,
+                self.elapsed_before,
+            )
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.elapsed_before = self.elapsed()
+        self._started = None
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+            self._validation_started = self.now()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._validation_started is not None:
+            self.last_validation = self.now() - self._validation_started
+            self._validation_started = None
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        horizon = self.horizon()
+        if horizon is None or self._stopped:
+            return
+        if self.elapsed() >= horizon:
+            self._stopped = True
+            trainer.should_stop = True
+            log.info(
+                "wall-clock budget reached after %.0f s at step %d (%.0f s kept for the final "
+                "validation)",
+                self.elapsed(),
+                trainer.global_step,
+                self.seconds - horizon if self.seconds is not None else 0.0,
+            )
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "elapsed": self.elapsed(),
+            "warmup_end": self.warmup_end,
+            "last_validation": self.last_validation,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.elapsed_before = float(state_dict.get("elapsed", 0.0))
+        warmup_end = state_dict.get("warmup_end")
+        self.warmup_end = None if warmup_end is None else float(warmup_end)
+        self.last_validation = float(state_dict.get("last_validation", 0.0))
+
+
+def find_budget(trainer: pl.Trainer | None) -> TrainingBudget | None:
+    """The run's :class:`TrainingBudget`, if one is attached to ``trainer``."""
+    if trainer is None:
+        return None
+    return next((cb for cb in trainer.callbacks if isinstance(cb, TrainingBudget)), None)

@@ -1,0 +1,290 @@
+"""Checkpointing that survives kill -9, Ctrl-C and a diverging loss.
+
+The pieces, wired in by :func:`transformer_mt.training.run.build` / ``configs/callbacks``:
+
+- :class:`AtomicCheckpointIO` writes every checkpoint to a temporary file in the target
+  directory, fsyncs it and renames it over the old one. Lightning's own save goes through
+  an fsspec transaction whose temporary file lives in the system temp directory: when that
+  is another file system (a tmpfs ``/tmp``, a scratch disk), the final step is a *copy*
+  into ``last.ckpt``, and a kill during the copy leaves a truncated checkpoint (plus an
+  orphaned multi-GB file in ``/tmp``). A rename within one directory is atomic.
+- :class:`SafeModelCheckpoint` is Lightning's ``ModelCheckpoint`` that (a) saves a
+  resumable checkpoint when training is interrupted (Ctrl-C, SIGTERM), (b) never writes
+  weights that are NaN/inf, so after a diverging loss ``last.ckpt`` still holds the last
+  good state, and (c) always leaves the final step in ``last.ckpt``.
+- :class:`StopAtStepBoundary` (always on) turns Ctrl-C and SIGTERM into a stop at the end of
+  the current training step, so that the checkpoint saved on interruption holds the same
+  weights, RNG state and loop position as a regular checkpoint of that step, and a resume
+  from it is bit-identical to an uninterrupted run. A second Ctrl-C stops at once.
+
+The test-only fault hook lives in :mod:`transformer_mt.training.faults`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from transformer_mt.checkpoint import save_checkpoint
+from transformer_mt.cli import NonFiniteLossError
+
+log = logging.getLogger(__name__)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Save local checkpoints atomically: temp file in the same directory, fsync, os.replace.
+
+    A reader (a resuming run, evaluate.py) sees either the previous complete file or the new
+    complete file, never a partial one, whatever moment the process is killed. Remote paths
+    (``s3://...``) fall back to Lightning's fsspec transaction.
+    """
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        """Write ``checkpoint`` to ``path`` atomically."""
+        if "://" in str(path) and not str(path).startswith("file://"):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} does not take storage_options")
+        target = Path(str(path).removeprefix("file://"))
+        try:
+            save_checkpoint(checkpoint, target)  # the one checkpoint writer (atomic, fsync)
+        except (OSError, RuntimeError) as exc:
+            # A failed write inside torch.save's zip writer surfaces as a RuntimeError
+            # ("unexpected pos ..."); the atomic write has already removed the temp file and left
+            # the previous checkpoint in place.
+            if isinstance(exc, RuntimeError) and not _is_write_failure(exc):
+                raise
+            raise checkpoint_write_error(target, exc) from exc
+
+
+def _is_write_failure(exc: BaseException) -> bool:
+    """A RuntimeError of torch's zip writer caused by a failed write (full disk, quota)."""
+    text = str(exc)
+    if any(word in text for word in ("unexpected pos", "file write failed", "write failed")):
+        return True
+    context = exc.__context__
+    return isinstance(context, OSError)
+
+
+def _nearly_full(directory: Path) -> bool:
+    try:
+        return shutil.disk_usage(directory).free < 2**20
+    except OSError:
+        return False
+
+
+def checkpoint_write_error(target: Path, exc: BaseException) -> OSError:
+    """The one-line error for a checkpoint that could not be written (disk full, permissions)."""
+    directory = target.parent
+    try:
+        free = f"{shutil.disk_usage(directory).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    code = next(
+        (e.errno for e in (exc, exc.__context__, exc.__cause__) if isinstance(e, OSError)),
+        None,
+    )
+    if code is None and _nearly_full(directory):
+        code = errno.ENOSPC  # torch's zip writer reports a failed write without its errno
+    reason = os.strerror(code) if code else str(exc).splitlines()[0]
+    return OSError(
+        f"cannot write checkpoint {target}: {reason} ({free} in {directory}); the previous "
+        "checkpoints are intact and no temporary file was left; free some disk space (or "
+        "lower callbacks.*.save_top_k) and resume from the last checkpoint",
+    )
+
+
+def is_interrupt(exc: BaseException) -> bool:
+    """Ctrl-C or SIGTERM, also when cleanup code turned it into another exception.
+
+    ``torch.save`` interrupted mid-write raises a ``RuntimeError`` from its zip writer's
+    cleanup, with the ``KeyboardInterrupt`` only as its ``__context__``.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, (KeyboardInterrupt, SIGTERMException)):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def weights_are_finite(module: torch.nn.Module) -> bool:
+    """True when no parameter or buffer of ``module`` holds NaN or inf."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+
+
+#: ``module.nonfinite_loss=skip`` gives up after this many non-finite batches in a row.
+MAX_SKIPPED_IN_A_ROW = 10
+
+
+def stop_if_diverged(model: torch.nn.Module, loss: torch.Tensor, step: int, in_a_row: int) -> None:
+    """``nonfinite_loss=skip``: raise once skipping cannot recover (the model has diverged).
+
+    With NaN/inf weights, or non-finite losses batch after batch, every later batch would be
+    skipped too and the run would end "successfully" with a useless model.
+
+    Raises:
+        NonFiniteLossError: the weights are not finite, or ``in_a_row`` reached
+            :data:`MAX_SKIPPED_IN_A_ROW`.
+    """
+    diverged = not weights_are_finite(model)
+    if not diverged and in_a_row < MAX_SKIPPED_IN_A_ROW:
+        return
+    why = (
+        "the weights themselves are NaN/inf"
+        if diverged
+        else f"{in_a_row} batches in a row were non-finite"
+    )
+    raise NonFiniteLossError(
+        f"training loss became {loss.item()} at step {step} and {why}, so "
+        "module.nonfinite_loss=skip cannot recover; lower optimizer.lr (or raise warmup_steps, "
+        "or use bf16-mixed or 32-true instead of fp16) and resume from the last good checkpoint"
+    )
+
+
+class SafeModelCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` that saves on interruption and refuses to save non-finite weights.
+
+    Args:
+        save_on_interrupt: Save a checkpoint (and ``last.ckpt`` with ``save_last``) when
+            training stops on Ctrl-C or SIGTERM, so ``ckpt_path=.../last.ckpt`` resumes from
+            the step reached. Other exceptions save nothing: after an error such as a
+            non-finite loss the weights may be corrupt, and the previous checkpoint is the
+            one to keep.
+        **kwargs: ``ModelCheckpoint`` arguments.
+    """
+
+    def __init__(self, *, save_on_interrupt: bool = True, **kwargs: Any) -> None:
+        kwargs.pop("save_on_exception", None)  # replaced by save_on_interrupt
+        super().__init__(save_on_exception=save_on_interrupt, **kwargs)
+        self._last_step_in_last = -1  # global step held by last.ckpt, once this run wrote it
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        """Save only for an interruption; never for an error (weights may be corrupt)."""
+        if not is_interrupt(exception):
+            return
+        if self.save_last and self._last_step_in_last != trainer.global_step:
+            # Ctrl-C can land between the step's checkpoint and its last.ckpt (or inside the
+            # latter's write, which then leaves the old file): Lightning's "already saved at
+            # this step" check would skip the save, leaving last.ckpt behind the step reached.
+            self._last_global_step_saved = -1
+        super().on_exception(trainer, pl_module, exception)
+
+    def _save_last_checkpoint(self, trainer: pl.Trainer, monitor_candidates: Any) -> None:
+        super()._save_last_checkpoint(trainer, monitor_candidates)
+        if self._last_global_step_saved == trainer.global_step:  # written, not refused
+            self._last_step_in_last = trainer.global_step
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Make ``last.ckpt`` hold the final step.
+
+        Lightning writes ``last.ckpt`` at the end only when the run saved nothing else; with
+        ``every_n_train_steps=N`` a finished (or resumed) run would otherwise end with a
+        ``last.ckpt`` up to N-1 steps old.
+        """
+        super().on_train_end(trainer, pl_module)
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if not weights_are_finite(trainer.lightning_module):
+            log.warning(
+                "not saving %s at step %d: the weights contain NaN/inf; the previous checkpoint "
+                "is kept",
+                filepath,
+                trainer.global_step,
+            )
+            return
+        super()._save_checkpoint(trainer, filepath)
+
+
+#: Signals that stop training at the end of the current step.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopAtStepBoundary(pl.Callback):
+    """Ctrl-C / SIGTERM stop training at the end of the current step (or validation batch).
+
+    Python raises ``KeyboardInterrupt`` wherever the signal lands: inside the forward pass
+    (after some dropout masks were drawn), between backward and the optimizer step, or in
+    the middle of the fused optimizer update. The checkpoint saved on interruption then
+    holds an RNG state from the middle of a step and a loop position Lightning restarts
+    differently, so the resumed run diverged from an uninterrupted one. This callback only
+    records the signal; at the end of the step it raises ``KeyboardInterrupt`` from
+    ``on_train_batch_end`` -- the point where regular checkpoints are written -- so the
+    interrupted run saves exactly what a regular checkpoint of that step holds.
+
+    A second Ctrl-C interrupts at once (the checkpoint is then that of the step reached).
+    SIGTERM takes the same path (Lightning's own SIGTERM handler still runs as well).
+    """
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self.requested is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        if self.requested is None:
+            log.warning(
+                "%s received: stopping at the end of this training step (Ctrl-C again to stop "
+                "at once)",
+                name,
+            )
+        self.requested = name
+
+    @contextlib.contextmanager
+    def handling_signals(self) -> Iterator[None]:
+        """Install the handlers around ``trainer.fit`` (main thread only), then restore them.
+
+        Around, not inside: Lightning saves the handlers it finds when fit starts and puts
+        them back at its teardown, so handlers installed by a callback hook would outlive fit.
+        Lightning composes its own SIGTERM handler with this one.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        self.requested = None
+        previous = {signum: signal.signal(signum, self._handler) for signum in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+    def _stop_if_requested(self) -> None:
+        if self.requested is not None:
+            raise KeyboardInterrupt(f"{self.requested} received")
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        self._stop_if_requested()
+
+    def on_validation_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        if not trainer.sanity_checking:
+            self._stop_if_requested()

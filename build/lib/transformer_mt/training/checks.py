@@ -1,0 +1,161 @@
+"""Start-up checks of a training run: what can be found before any data is read or step trained.
+
+Each raises a user error (one ``error:`` line, exit 2, docs/errors.md) naming the value, the
+cause and the fix: a model value of the wrong type, ``data.max_len`` beyond the positional
+table, a checkpoint to resume from that is unreadable, foreign, of another model shape or
+tokenizer, and a disk without room for the checkpoints the run keeps. The run directory's own
+checks (writable, locked) are in :mod:`transformer_mt.training.rundir`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import typing
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_mt.checkpoint import LoadedModel, build_model, load_checkpoint
+from transformer_mt.cli import UserError
+from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.model.transformer import ModelConfig
+
+
+def model_values(cfg_model: DictConfig) -> dict[str, Any]:
+    """The model group as plain values, each checked against :class:`ModelConfig`'s types.
+
+    Raises:
+        UserError: a value of the wrong type, e.g. ``model.d_model=abc`` (one line, exit 2,
+            before any data is read).
+    """
+    values = OmegaConf.to_container(cfg_model, resolve=True)
+    assert isinstance(values, dict)
+    values.pop("name", None)
+    hints = typing.get_type_hints(ModelConfig)
+    for field in dataclasses.fields(ModelConfig):
+        if field.name not in values:
+            continue
+        value, hint = values[field.name], hints[field.name]
+        allowed = typing.get_args(hint) or (hint,)
+        ok = any(
+            (kind is type(None) and value is None)
+            or (kind is bool and isinstance(value, bool))
+            or (kind is int and isinstance(value, int) and not isinstance(value, bool))
+            or (kind is float and isinstance(value, (int, float)) and not isinstance(value, bool))
+            or (kind is str and isinstance(value, str))
+            for kind in allowed
+        )
+        if not ok:
+            names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+            wanted = " or ".join(names.get(k, "null") for k in allowed)
+            example = {int: "512", float: "0.1", bool: "true", str: "relu"}.get(allowed[0], "null")
+            raise UserError(
+                f"model.{field.name} must be {wanted}, got {value!r} "
+                f"({type(value).__name__}); set e.g. model.{field.name}={example}"
+            )
+    return values
+
+
+def check_max_len(data_max_len: int | None, model_max_len: int) -> None:
+    """A sentence of ``data.max_len`` tokens must fit the model's positional table.
+
+    The longest tensor row the model sees is ``data.max_len`` subword tokens plus one special
+    token: ``<eos>`` after the source, ``<bos>`` before the decoder input. Longer training
+    pairs are dropped and longer validation/test sentences truncated to ``data.max_len``, so
+    this check at start-up is what keeps every row within ``model.max_len`` positions.
+    """
+    if data_max_len is None:
+        return
+    needed = int(data_max_len) + 1
+    if needed > model_max_len:
+        raise UserError(
+            f"data.max_len={data_max_len} does not fit model.max_len={model_max_len}: a "
+            f"sentence of data.max_len tokens plus <bos>/<eos> takes {needed} positions; set "
+            f"data.max_len={model_max_len - 1} (or lower), or model.max_len={needed}"
+        )
+
+
+def check_resume_checkpoint(ckpt_path: Any) -> LoadedModel | None:
+    """Read the checkpoint to resume from, before anything else is done.
+
+    A truncated, foreign or unsafe file is a one-line :class:`CheckpointError` (exit 2)
+    here rather than a traceback from deep inside Lightning.
+    """
+    if not ckpt_path or str(ckpt_path) in ("last", "best", "hpc"):
+        return None  # Lightning's own shorthands: it finds the file itself
+    path = Path(str(ckpt_path))
+    return build_model(load_checkpoint(path), path)
+
+
+def _vocabularies(tokenizer: Tokenizer) -> tuple[dict[str, int], dict[str, int]]:
+    return tokenizer.src.get_vocab(), tokenizer.tgt.get_vocab()
+
+
+def check_resume_matches(
+    resumed: LoadedModel, tokenizer: Tokenizer, model_config: ModelConfig, run_dir: Path
+) -> None:
+    """The checkpoint to resume from was trained with this run's tokenizer and model shape.
+
+    A different vocabulary failed deep in Lightning's ``load_state_dict``; a different
+    tokenizer of the same size resumed silently, feeding the model token ids that now mean
+    other subwords.
+    """
+    path = resumed.path
+    theirs, ours = resumed.tokenizer, tokenizer
+    sizes = (
+        (theirs.src_vocab_size, theirs.tgt_vocab_size),
+        (ours.src_vocab_size, ours.tgt_vocab_size),
+    )
+    if sizes[0] != sizes[1] or _vocabularies(theirs) != _vocabularies(ours):
+        how = (
+            f"vocabulary {sizes[0][0]}/{sizes[0][1]} (src/tgt) vs this run's {sizes[1][0]}/{sizes[1][1]}"
+            if sizes[0] != sizes[1]
+            else f"the same size ({sizes[1][0]}) but different subwords"
+        )
+        raise UserError(
+            f"cannot resume from {path}: it was trained with another tokenizer than this run's "
+            f"({how}; this run's is {run_dir}/tokenizer.json); resume with the data settings "
+            "of the original run (same data.dir, data.vocab_size, ...) or copy the original "
+            f"run's tokenizer files into {run_dir}"
+        )
+    mine, saved = model_config.to_dict(), resumed.config.to_dict()
+    differ = [
+        f"model.{k}={saved[k]!r} (this run: {mine.get(k)!r})"
+        for k in saved
+        if saved[k] != mine.get(k)
+    ]
+    if differ:
+        raise UserError(
+            f"cannot resume from {path}: it holds a different model, {', '.join(differ)}; "
+            "resume with the model settings of the original run"
+        )
+
+
+def check_free_space(run_dir: Path, module: Any, callbacks: list[Any]) -> None:
+    """Fail at start-up when the checkpoints this run keeps cannot fit on the disk.
+
+    Each checkpoint holds the weights and two Adam moments (3 x the parameter bytes); the
+    checkpoint callbacks keep ``save_top_k`` files (+ ``last.ckpt``), and a save needs one
+    temporary file more.
+    """
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    per_file = 3 * sum(p.numel() * p.element_size() for p in module.parameters())
+    count = 1  # the temporary file of a save
+    for cb in callbacks:
+        if isinstance(cb, ModelCheckpoint):
+            if cb.save_top_k < 0:
+                return  # keeps every checkpoint: no bound to check against
+            count += cb.save_top_k + (1 if cb.save_last else 0)
+    needed = per_file * count
+    free = shutil.disk_usage(run_dir).free
+    if free < needed:
+        raise OSError(
+            f"not enough disk space for the checkpoints of this run in {run_dir}: {count} "
+            f"files of ~{per_file / 2**20:.1f} MiB need ~{needed / 2**20:.0f} MiB, "
+            f"{free / 2**20:.0f} MiB are free; free some disk space, keep fewer checkpoints "
+            "(callbacks.model_checkpoint.save_top_k, callbacks.recent_checkpoints.save_top_k) "
+            "or choose another directory with hydra.run.dir=PATH"
+        )

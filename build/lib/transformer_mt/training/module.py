@@ -1,0 +1,319 @@
+"""TranslationModule: the Lightning wrapper that trains and scores the plain Transformer.
+
+Loss, optimizer, learning-rate schedule and metrics live here; the model itself
+(:mod:`transformer_mt.model.transformer`) knows nothing about Lightning.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor
+
+from transformer_mt.checkpoint import CHECKPOINT_KEY, write_metadata
+from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.inference.decode import decode_batch
+from transformer_mt.inference.metrics import corpus_scores
+from transformer_mt.inference.search import SearchConfig
+from transformer_mt.model.transformer import ModelConfig, Transformer
+from transformer_mt.training.budget import find_budget
+from transformer_mt.training.callbacks import stop_if_diverged
+from transformer_mt.training.loop import (
+    StepWindow,
+    check_at_once,
+    clip_without_scaler,
+    is_log_step,
+    nonfinite_error,
+)
+from transformer_mt.training.loss import label_smoothed_loss
+from transformer_mt.training.schedules import SCHEDULES, lr_factor
+
+log = logging.getLogger(__name__)
+
+
+class TranslationModule(pl.LightningModule):
+    """Trains a :class:`Transformer` with label smoothing, Adam and the paper's schedule.
+
+    Args:
+        model_config: :class:`ModelConfig` fields (plain dict; vocab sizes and pad id filled
+            in from the tokenizer by :func:`transformer_mt.training.run.run`).
+        optimizer: a partial optimizer constructor (Hydra ``_partial_: true``) taking the
+            parameters; its ``lr`` is the peak learning rate.
+        warmup_steps: linear warmup length (optimizer steps).
+        lr_schedule: what follows the warmup (:func:`lr_factor`): ``inverse_sqrt`` (the
+            paper), or ``linear``/``cosine`` decay to zero at the end of the budget the trainer
+            states: ``max_time`` (wall clock, via :class:`TrainingBudget`), ``max_steps`` or
+            ``max_epochs``, whichever ends first.
+        label_smoothing: epsilon of label smoothing (the paper's 0.1).
+        decoding: :class:`SearchConfig` fields for validation/test BLEU.
+        num_examples: example translations logged at each validation.
+        nonfinite_loss: ``"stop"`` raises :class:`NonFiniteLossError`; ``"skip"`` skips the
+            batch (no optimizer step) and counts it.
+        tokenizer: stored in every checkpoint so that a checkpoint alone can translate.
+        src_lang, tgt_lang: language codes, stored in checkpoints (evaluation checks them).
+        data_config: the resolved data config (plain dict), stored in checkpoints so that
+            evaluate.py can rebuild the test set without the training config.
+    """
+
+    def __init__(
+        self,
+        model_config: dict[str, Any],
+        optimizer: Callable[[Iterable[Tensor]], torch.optim.Optimizer] | None = None,
+        warmup_steps: int = 4000,
+        label_smoothing: float = 0.1,
+        lr_schedule: str = "inverse_sqrt",
+        decoding: dict[str, Any] | None = None,
+        num_examples: int = 3,
+        nonfinite_loss: str = "stop",
+        tokenizer: Tokenizer | None = None,
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
+        data_config: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        if lr_schedule not in SCHEDULES:
+            raise ValueError(
+                f"module.lr_schedule must be one of {', '.join(SCHEDULES)}, got {lr_schedule!r}"
+            )
+        if nonfinite_loss not in ("stop", "skip"):
+            raise ValueError(f"nonfinite_loss must be 'stop' or 'skip', got {nonfinite_loss!r}")
+        # Plain types only: the checkpoint must load with torch.load(weights_only=True).
+        self.save_hyperparameters(ignore=["optimizer", "tokenizer", "data_config"])
+        self.config = ModelConfig.from_dict(dict(model_config))
+        self.model = Transformer(self.config)
+        self.optimizer_factory = optimizer
+        self.search = SearchConfig(**(decoding or {}))
+        self.tokenizer = tokenizer
+        self.src_lang, self.tgt_lang = src_lang, tgt_lang
+        self.data_config = dict(data_config) if data_config else None
+        self._window = StepWindow()  # training metrics, read at log steps only
+        self._eval_outputs: list[tuple[int, str, str, str]] = []
+        self._eval_loss = [0.0, 0]  # nll sum, tokens
+        self._eval_smoothed = [0.0, 0]  # smoothed loss sum (token-weighted), tokens
+        self.skipped_batches = 0
+        self._skipped_in_a_row = 0
+
+    # ------------------------------------------------------------------ training
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        return self.model(src, tgt_in)
+
+    def _loss(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor]:
+        tgt = batch["tgt"]
+        logits = self.model(batch["src"], tgt[:, :-1])  # (B, T, V)
+        return label_smoothed_loss(
+            logits, tgt[:, 1:], self.config.pad_id, self.hparams.label_smoothing
+        )
+
+    def on_train_start(self) -> None:
+        self._window.reset()
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor | None:
+        loss, nll_sum, n_tokens = self._loss(batch)
+        if check_at_once(self.device, self.hparams.nonfinite_loss):
+            if not torch.isfinite(loss):
+                if self.hparams.nonfinite_loss == "skip":
+                    self.skipped_batches += 1
+                    self._skipped_in_a_row += 1
+                    stop_if_diverged(self.model, loss, self.global_step, self._skipped_in_a_row)
+                    log.warning(
+                        "non-finite loss at step %d: batch skipped (%d so far)",
+                        self.global_step,
+                        self.skipped_batches,
+                    )
+                    return None
+                raise nonfinite_error(f"{loss.item()} at step {self.global_step}")
+            self._skipped_in_a_row = 0
+            finite = None
+        else:
+            finite = torch.isfinite(loss.detach())
+        self._window.add(nll_sum, n_tokens, finite)  # device-side sums: no host sync here
+        if is_log_step(self._trainer):
+            # sync_dist: under DDP the logged loss is the mean over ranks, not rank 0's share.
+            self.log("train/loss", loss.detach(), prog_bar=True, batch_size=1, sync_dist=True)
+            for name, value in self._window.take(self.global_step).items():
+                self.log(name, value, prog_bar=name.endswith("per_sec"), batch_size=1)
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # After the scheduler's step (as before): the learning rate the next step will use.
+        if is_log_step(self._trainer) and self.trainer.optimizers:
+            self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=1)
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: Any = None,
+        gradient_clip_algorithm: Any = None,
+    ) -> None:
+        """As configured; under bf16-mixed also with a fused optimizer (see training/loop.py)."""
+        clip, algorithm = gradient_clip_val, gradient_clip_algorithm
+        if not clip_without_scaler(self, self.trainer.precision_plugin, clip, algorithm):
+            super().configure_gradient_clipping(optimizer, clip, algorithm)
+
+    def configure_optimizers(self) -> Any:
+        if self.optimizer_factory is None:
+            optimizer: torch.optim.Optimizer = torch.optim.Adam(
+                self.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9
+            )
+        else:
+            optimizer = self.optimizer_factory(self.parameters())
+        warmup = int(self.hparams.warmup_steps)
+        schedule = str(self.hparams.get("lr_schedule", "inverse_sqrt"))
+        total = self._planned_steps() if schedule != "inverse_sqrt" else None
+        # A wall-clock budget (trainer.max_time) is a horizon too: see training/budget.py.
+        budget = find_budget(self._trainer)
+        timed = budget is not None and budget.seconds is not None
+
+        def factor(step: int) -> float:
+            # LambdaLR counts from 0 before the first step; the paper's counter starts at 1.
+            progress = budget.progress(step + 1, warmup) if timed and budget else None
+            return lr_factor(step + 1, warmup, schedule, total, progress)
+
+        # A run without any budget fails here, before training.
+        lr_factor(1, warmup, schedule, total, 0.0 if timed else None)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+        }
+
+    def _planned_steps(self) -> int | None:
+        """Optimizer steps this fit will take: ``max_steps`` or ``max_epochs`` x steps/epoch.
+
+        Counted from the data module's batch sampler rather than Lightning's
+        ``estimated_stepping_batches``: that builds the training loader before a checkpoint
+        is restored, and Lightning then skips restoring the loader's position, so a mid-epoch
+        resume would silently replay the epoch from its start.
+        """
+        trainer = self.trainer
+        max_steps = trainer.max_steps if trainer.max_steps not in (None, -1) else None
+        datamodule = getattr(trainer, "datamodule", None)
+        if datamodule is None or not hasattr(datamodule, "batch_sampler"):
+            estimated = trainer.estimated_stepping_batches  # a plain loader: Lightning counts
+            return int(estimated) if math.isfinite(estimated) else None
+        by_epochs = None
+        if trainer.max_epochs not in (None, -1):
+            batches = len(datamodule.batch_sampler("train"))
+            limit = trainer.limit_train_batches
+            if isinstance(limit, int):
+                batches = min(batches, limit)
+            elif limit is not None:
+                batches = int(batches * float(limit))
+            per_epoch = math.ceil(batches / max(trainer.accumulate_grad_batches, 1))
+            by_epochs = int(trainer.max_epochs) * per_epoch
+        planned = [n for n in (max_steps, by_epochs) if n is not None]
+        return min(planned) if planned else None
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _eval_start(self) -> None:
+        self._eval_outputs = []
+        self._eval_loss = [0.0, 0]
+        self._eval_smoothed = [0.0, 0]
+
+    def _eval_step(self, batch: dict[str, Any]) -> None:
+        loss, nll_sum, n_tokens = self._loss(batch)
+        self._eval_loss[0] += float(nll_sum)
+        self._eval_loss[1] += int(n_tokens)
+        self._eval_smoothed[0] += float(loss) * int(n_tokens)
+        self._eval_smoothed[1] += int(n_tokens)
+        if self.tokenizer is None:
+            return
+        # The decode loop of evaluate.py and translate, one batch at a time (Lightning drives
+        # the loop here); _eval_end puts the outputs back in corpus order by index.
+        hyp_ids = decode_batch(
+            self.model, batch, self.tokenizer.bos_id, self.tokenizer.eos_id, self.search
+        )
+        hyps = self.tokenizer.decode_hypotheses(hyp_ids)
+        for i, src, ref, hyp in zip(
+            batch["index"].tolist(), batch["src_text"], batch["tgt_text"], hyps
+        ):
+            self._eval_outputs.append((int(i), src, ref, hyp))
+
+    def _gather(self, items: list[Any]) -> list[Any]:
+        world = self.trainer.world_size if self._trainer is not None else 1
+        if world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            gathered: list[Any] = [None] * world
+            torch.distributed.all_gather_object(gathered, items)
+            return [item for part in gathered for item in part]
+        return items
+
+    def _eval_end(self, stage: str) -> dict[str, float]:
+        sums = self._gather([(self._eval_loss[0], self._eval_loss[1], self._eval_smoothed[0])])
+        nll = sum(s[0] for s in sums)
+        tokens = sum(s[1] for s in sums)
+        smoothed = sum(s[2] for s in sums)
+        metrics: dict[str, float] = {}
+        if tokens:
+            metrics[f"{stage}/loss"] = smoothed / tokens
+            metrics[f"{stage}/nll"] = nll / tokens
+            metrics[f"{stage}/ppl"] = math.exp(min(nll / tokens, 50.0))
+        outputs = self._gather(self._eval_outputs)
+        if outputs:
+            # DDP ranks may pad with repeated batches; keep one output per example, in order.
+            by_index = {i: (src, ref, hyp) for i, src, ref, hyp in outputs}
+            ordered = [by_index[i] for i in sorted(by_index)]
+            scores = corpus_scores([o[2] for o in ordered], [o[1] for o in ordered])
+            metrics[f"{stage}/bleu"] = scores.bleu
+            metrics[f"{stage}/bleu_lc"] = scores.bleu_lc
+            metrics[f"{stage}/chrf"] = scores.chrf
+            if self.trainer.is_global_zero and not self.trainer.sanity_checking:
+                for src, ref, hyp in ordered[: self.hparams.num_examples]:
+                    log.info("[%s] src: %s\n        ref: %s\n        hyp: %s", stage, src, ref, hyp)
+        for name, value in metrics.items():
+            # Values are already global (gathered above): no further reduction across ranks.
+            self.log(name, value, prog_bar=name.endswith(("bleu", "loss")), rank_zero_only=False)
+        return metrics
+
+    def on_validation_epoch_start(self) -> None:
+        self._eval_start()
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._eval_step(batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_end("val")
+
+    def on_test_epoch_start(self) -> None:
+        self._eval_start()
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._eval_step(batch)
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_end("test")
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Everything needed to translate with this checkpoint alone (the format of checkpoint.py).
+        extra = write_metadata(
+            checkpoint,
+            self.config,
+            self.tokenizer,
+            src_lang=self.src_lang,
+            tgt_lang=self.tgt_lang,
+            decoding=self.hparams.decoding,
+            data=self.data_config,
+        )
+        # Dropout draws from the global RNG: saving its state makes a resumed run continue
+        # with the same random stream as an uninterrupted one (Lightning does not save it).
+        extra["torch_rng_state"] = torch.get_rng_state()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        extra = checkpoint.get(CHECKPOINT_KEY) or {}
+        if self.tokenizer is None and extra.get("tokenizer"):
+            self.tokenizer = Tokenizer.from_json(extra["tokenizer"])
+        rng_state = extra.get("torch_rng_state")
+        fitting = self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
+        if rng_state is not None and fitting:
+            torch.set_rng_state(rng_state)

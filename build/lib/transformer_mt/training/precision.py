@@ -1,0 +1,155 @@
+"""``trainer.precision=auto``: pick the training precision this machine runs fastest.
+
+What the hardware offers is detected (CUDA bf16; CPU bf16 units: AMX ``amx_bf16``,
+``avx512_bf16``); where bf16 could pay off on a CPU a short calibration times a few
+forward+backward passes of the *actual* model in fp32 and under bf16 autocast and keeps bf16
+only when it is clearly faster, because bf16 units alone do not make a small model faster:
+casts and non-matmul work can eat the gain (see ``scripts/bench_loop.py``, one row per
+precision). The choice and its reason are logged at start-up.
+
+Rules:
+
+* CUDA with bf16 (Ampere or newer): ``bf16-mixed`` (tensor cores; no loss scaling needed).
+* CUDA without bf16: ``32-true`` (``16-mixed`` needs a GradScaler; ask for it explicitly).
+* CPU without bf16 units: ``32-true`` (bf16 is emulated there, many times slower).
+* CPU with bf16 units: the calibration decides between ``bf16-mixed`` and ``32-true``.
+
+``bf16-true`` (bf16 weights and optimizer state) is never chosen automatically: it changes
+the training math (updates smaller than bf16's resolution are lost), not just its speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+#: bf16 must beat fp32 by this factor to be chosen (noise margin of a short calibration).
+MIN_SPEEDUP = 1.10
+
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A resolved precision and the reason, for the start-up log line."""
+
+    precision: str
+    reason: str
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The CPU feature flags (Linux ``/proc/cpuinfo``; empty where that does not exist)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cpu_bf16_units(flags: set[str] | None = None) -> list[str]:
+    """The bf16 instruction sets this CPU has (``amx_bf16``, ``avx512_bf16``), best first."""
+    flags = cpu_flags() if flags is None else flags
+    return [f for f in CPU_BF16_FLAGS if f in flags]
+
+
+def _uses_cuda(accelerator: str | None) -> bool:
+    if accelerator in ("gpu", "cuda"):
+        return True
+    return accelerator in (None, "auto") and torch.cuda.is_available()
+
+
+def resolve_precision(
+    requested: str | int | None,
+    accelerator: str | None,
+    model: nn.Module | None = None,
+    *,
+    flags: set[str] | None = None,
+    calibrate_steps: int = 3,
+) -> Choice:
+    """The Lightning precision to train with; ``requested`` other than ``auto`` is kept.
+
+    Args:
+        requested: ``trainer.precision`` as configured (``auto``, ``32-true``, ...).
+        accelerator: ``trainer.accelerator`` (``cpu``, ``gpu``, ``auto``, ...).
+        model: the model to calibrate with on a CPU that has bf16 units (a copy is timed;
+            the global random state is left untouched). Without it such a CPU gets fp32.
+        flags: CPU flags (tests); read from ``/proc/cpuinfo`` when None.
+        calibrate_steps: timed forward+backward passes per precision.
+    """
+    if requested is None:
+        return Choice("32-true", "Lightning's default (trainer.precision not set)")
+    if str(requested) != "auto":
+        return Choice(str(requested), "set in the config")
+    if _uses_cuda(accelerator):
+        name = torch.cuda.get_device_name(0)
+        if torch.cuda.is_bf16_supported():
+            return Choice("bf16-mixed", f"{name} has bf16 tensor cores")
+        return Choice("32-true", f"{name} has no bf16 (16-mixed is available on request)")
+    units = cpu_bf16_units(flags)
+    if not units:
+        return Choice(
+            "32-true",
+            f"this CPU has no bf16 units ({'/'.join(CPU_BF16_FLAGS)} absent): bf16 would be "
+            "emulated and several times slower",
+        )
+    if model is None:
+        return Choice("32-true", f"CPU has {', '.join(units)} but no model to calibrate with")
+    fp32, bf16 = calibrate(model, calibrate_steps)
+    speedup = fp32 / bf16
+    measured = f"{', '.join(units)}; calibration: bf16-mixed {speedup:.2f}x fp32 step speed"
+    if speedup >= MIN_SPEEDUP:
+        return Choice("bf16-mixed", measured)
+    return Choice("32-true", f"{measured} (< {MIN_SPEEDUP:.2f}x: not worth it)")
+
+
+def calibration_batch(model: nn.Module, batch: int = 48, length: int = 24) -> tuple:
+    """A synthetic ``(src, tgt_in, tgt_out)`` of typical sentence-batch shape for ``model``."""
+    config = model.config
+    gen = torch.Generator().manual_seed(0)
+    vocab = min(config.src_vocab_size, config.tgt_vocab_size)
+    low = 4 if vocab > 8 else 0  # skip the special ids when there is room
+    src = torch.randint(low, vocab, (batch, length), generator=gen)
+    tgt = torch.randint(low, vocab, (batch, length + 1), generator=gen)
+    return src, tgt[:, :-1], tgt[:, 1:]
+
+
+def calibrate(model: nn.Module, steps: int = 3) -> tuple[float, float]:
+    """Median seconds of one forward+backward pass of a copy of ``model``: (fp32, bf16-mixed).
+
+    The two precisions are interleaved so a busy machine slows both alike. The global RNG
+    (dropout) is restored afterwards, so calibrating does not change the training run.
+    """
+    probe = copy.deepcopy(model).train()
+    src, tgt_in, tgt_out = calibration_batch(probe)
+    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    contexts = {
+        "fp32": contextlib.nullcontext,
+        "bf16": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+    }
+    with torch.random.fork_rng(devices=[]):
+        for i in range(steps + 1):  # the first round warms up (allocations, kernel choice)
+            for name in ("fp32", "bf16") if i % 2 == 0 else ("bf16", "fp32"):
+                start = time.perf_counter()
+                with contexts[name]():
+                    logits = probe(src, tgt_in)
+                loss = nn.functional.cross_entropy(
+                    logits.float().reshape(-1, logits.size(-1)), tgt_out.reshape(-1)
+                )
+                loss.backward()
+                probe.zero_grad(set_to_none=True)
+                if i > 0:
+                    times[name].append(time.perf_counter() - start)
+    return statistics.median(times["fp32"]), statistics.median(times["bf16"])

@@ -1,0 +1,290 @@
+"""The training pipeline behind train.py: data -> model -> module -> callbacks -> Trainer."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning.pytorch as pl
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_mt.cli import NonFiniteLossError, TrainingInterrupted, UserError
+from transformer_mt.data.datamodule import TranslationDataModule
+from transformer_mt.model.transformer import ModelConfig
+from transformer_mt.training.budget import TrainingBudget
+from transformer_mt.training.callbacks import (
+    AtomicCheckpointIO,
+    StopAtStepBoundary,
+    is_interrupt,
+)
+from transformer_mt.training.checks import (
+    check_free_space,
+    check_max_len,
+    check_resume_checkpoint,
+    check_resume_matches,
+    model_values,
+)
+from transformer_mt.training.module import TranslationModule
+from transformer_mt.training.precision import resolve_precision
+from transformer_mt.training.rundir import (
+    check_output_dir,
+    lock_run_dir,
+    release_run_dir,
+)
+
+log = logging.getLogger(__name__)
+
+
+def model_config_from(
+    cfg_model: DictConfig, src_vocab: int, tgt_vocab: int, pad_id: int
+) -> ModelConfig:
+    """ModelConfig from the Hydra model group plus the sizes the tokenizer decided."""
+    values = model_values(cfg_model)
+    values.update(src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, pad_id=pad_id)
+    return ModelConfig.from_dict(values)
+
+
+def _instantiate_all(section: Any) -> list[Any]:
+    if not section:
+        return []
+    return [hydra.utils.instantiate(v) for v in section.values() if v is not None]
+
+
+def check_required(cfg: DictConfig) -> None:
+    """Fail with the key names when a required value (``???`` in the YAML) was not given."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        example = " ".join(f"{key}=..." for key in missing)
+        raise UserError(
+            f"missing required config value(s): {', '.join(missing)}; set them on the command "
+            f"line, e.g. python train.py ... {example}"
+        )
+
+
+def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
+    """Build data module, Lightning module and Trainer from a composed config."""
+    check_required(cfg)
+    run_dir = Path(cfg.run_dir)
+    check_output_dir(run_dir)
+    model_values(cfg.model)  # wrong types fail now, not after the data is prepared
+    resumed = check_resume_checkpoint(cfg.get("ckpt_path"))
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+
+    data_config = hydra.utils.instantiate(cfg.data, _convert_="all")  # a DataConfig
+    datamodule = TranslationDataModule(
+        data_config, work_dir=run_dir, model_max_len=cfg.model.get("max_len")
+    )
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    tokenizer = datamodule.tokenizer
+    model_config = model_config_from(
+        cfg.model, datamodule.src_vocab_size, datamodule.tgt_vocab_size, datamodule.pad_id
+    )
+    check_max_len(cfg.data.get("max_len"), model_config.max_len)
+    if resumed is not None:
+        check_resume_matches(resumed, tokenizer, model_config, run_dir)
+        del resumed
+    module_args = OmegaConf.to_container(cfg.module, resolve=True)
+    assert isinstance(module_args, dict)
+    module = TranslationModule(
+        model_config=model_config.to_dict(),
+        optimizer=hydra.utils.instantiate(cfg.optimizer),
+        tokenizer=tokenizer,
+        # Stored in checkpoints: evaluate.py rebuilds the test split from it.
+        data_config=data_config.to_dict(),
+        src_lang=datamodule.src_lang,
+        tgt_lang=datamodule.tgt_lang,
+        **module_args,
+    )
+    log.info(
+        "model: %s parameters (d_model=%d, %d+%d layers, vocab %d/%d)",
+        f"{module.model.num_parameters():,}",
+        model_config.d_model,
+        model_config.n_encoder_layers,
+        model_config.n_decoder_layers,
+        model_config.src_vocab_size,
+        model_config.tgt_vocab_size,
+    )
+    callbacks = _instantiate_all(cfg.get("callbacks"))
+    if not any(isinstance(cb, TrainingBudget) for cb in callbacks):
+        callbacks.append(TrainingBudget())  # trainer.max_time becomes the lr horizon
+    # Ctrl-C / SIGTERM stop at the end of a step: the saved checkpoint resumes bit-identically.
+    callbacks.append(StopAtStepBoundary())
+    check_free_space(run_dir, module, callbacks)
+    loggers = _instantiate_all(cfg.get("logger"))
+    # Checkpoints are written to a temp file next to the target and renamed: kill -9 at any
+    # moment leaves the previous last.ckpt intact (see transformer_mt.training.callbacks).
+    plugins = list(cfg.trainer.get("plugins") or [])
+    if not any(isinstance(p, AtomicCheckpointIO) for p in plugins):
+        plugins.append(AtomicCheckpointIO())
+    # trainer.precision=auto: what this machine runs fastest (training/precision.py).
+    choice = resolve_precision(
+        cfg.trainer.get("precision"), cfg.trainer.get("accelerator"), module.model
+    )
+    log.info("precision: %s (%s)", choice.precision, choice.reason)
+    trainer = hydra.utils.instantiate(
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=loggers or False,
+        plugins=plugins,
+        precision=choice.precision,
+    )
+    return datamodule, module, trainer
+
+
+def last_checkpoint(trainer: pl.Trainer) -> str | None:
+    """The newest ``last.ckpt``-style file the trainer's checkpoint callbacks wrote, if any."""
+    paths = [
+        Path(cb.last_model_path)
+        for cb in trainer.checkpoint_callbacks
+        if getattr(cb, "last_model_path", None)
+    ]
+    existing = [p for p in paths if p.is_file()]
+    return str(max(existing, key=lambda p: p.stat().st_mtime)) if existing else None
+
+
+def resume_command(ckpt: str) -> str:
+    """The command line that resumes this run from ``ckpt`` (same overrides, new ckpt_path)."""
+    overrides: list[str] = []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("ckpt_path=")]
+    except ValueError:  # not launched through @hydra.main (tests, notebooks)
+        pass
+    return " ".join(["python train.py", *overrides, f"ckpt_path={ckpt}"])
+
+
+def fit(trainer: pl.Trainer, module: TranslationModule, datamodule: Any, ckpt: Any) -> None:
+    """``trainer.fit`` with the two ways it can stop early turned into clear errors.
+
+    Raises:
+        TrainingInterrupted: Ctrl-C or SIGTERM; Lightning has saved last.ckpt (see
+            SafeModelCheckpoint), the message says how to resume.
+        NonFiniteLossError: the loss diverged; the message gains the last good checkpoint.
+    """
+    stopper = next((cb for cb in trainer.callbacks if isinstance(cb, StopAtStepBoundary)), None)
+    signals = stopper.handling_signals() if stopper is not None else contextlib.nullcontext()
+    try:
+        with signals:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
+    except SystemExit:  # Lightning exits 1 after handling KeyboardInterrupt / SIGTERM
+        if not trainer.interrupted:
+            raise
+        raise _interrupted(trainer) from None
+    except NonFiniteLossError as exc:
+        saved = last_checkpoint(trainer)
+        where = (
+            f"last good checkpoint: {saved} (finite weights; resuming restores its learning "
+            "rate, so for a lower optimizer.lr start a fresh run)"
+            if saved
+            else "no checkpoint was written before it"
+        )
+        raise NonFiniteLossError(f"{exc}; {where}") from None
+    except OSError as exc:  # disk full, permissions: a user error, nothing lost
+        saved = last_checkpoint(trainer)
+        where = (
+            f"resume with: {resume_command(saved)}"
+            if saved
+            else "no checkpoint of this run was written; start it again"
+        )
+        raise OSError(f"{' '.join(str(exc).split())}; {where}") from None
+    except Exception as exc:
+        if is_interrupt(exc):  # Ctrl-C inside torch.save surfaces as a RuntimeError
+            raise _interrupted(trainer) from None
+        raise
+
+
+def _interrupted(trainer: pl.Trainer) -> TrainingInterrupted:
+    """The error for a stopped run, naming the checkpoint to resume from."""
+    saved = last_checkpoint(trainer)
+    if saved is None:
+        return TrainingInterrupted(
+            f"training interrupted at step {trainer.global_step} before any checkpoint was "
+            "written; start it again"
+        )
+    return TrainingInterrupted(
+        f"training interrupted at step {trainer.global_step}; resumable checkpoint saved: "
+        f"{saved}; resume with: {resume_command(saved)}"
+    )
+
+
+def run(cfg: DictConfig) -> float | None:
+    """Train, test the best checkpoint, print a summary; return ``cfg.optimized_metric``."""
+    if "WANDB_API_KEY" not in os.environ:
+        # Without a key wandb would prompt or hang; offline files can be synced later.
+        os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    torch.set_float32_matmul_precision("high")
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg.threads))
+
+    run_dir = Path(cfg.run_dir)
+    check_output_dir(run_dir)
+    # One run per directory; a no-op when train.py's RunDirGuard already holds it.
+    locked_here = lock_run_dir(run_dir)
+    try:
+        return _run(cfg)
+    finally:
+        if locked_here:
+            release_run_dir(run_dir)
+
+
+def _run(cfg: DictConfig) -> float | None:
+    datamodule, module, trainer = build(cfg)
+    fit(trainer, module, datamodule, cfg.get("ckpt_path"))
+    val_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+    checkpoint_cb = trainer.checkpoint_callback
+    best_path = getattr(checkpoint_cb, "best_model_path", "") or ""
+    test_metrics: dict[str, float] = {}
+    if cfg.get("test_after_fit", True) and not trainer.fast_dev_run:
+        results = trainer.test(
+            module, datamodule=datamodule, ckpt_path=best_path or None, verbose=False
+        )
+        test_metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
+    elif trainer.fast_dev_run:
+        results = trainer.test(module, datamodule=datamodule, verbose=False)
+        test_metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
+
+    if trainer.is_global_zero:
+        _print_summary(cfg, val_metrics, test_metrics, best_path, trainer)
+    metric = cfg.get("optimized_metric")
+    if metric and metric in val_metrics:
+        return val_metrics[metric]
+    return None
+
+
+def _print_summary(
+    cfg: DictConfig,
+    val: dict[str, float],
+    test: dict[str, float],
+    best_path: str,
+    trainer: pl.Trainer,
+) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="transformer-mt: training summary", show_header=False)
+    table.add_column()
+    table.add_column(overflow="fold")  # long paths wrap instead of ending in "..."
+    best = getattr(trainer.checkpoint_callback, "best_model_score", None)
+    if best is not None:
+        table.add_row("best val/bleu", f"{float(best):.2f}")
+    for key in ("val/bleu", "val/chrf", "val/loss"):
+        if key in val:
+            table.add_row(f"last {key}", f"{val[key]:.3f}")
+    for key in ("test/bleu", "test/bleu_lc", "test/chrf", "test/loss"):
+        if key in test:
+            table.add_row(key, f"{test[key]:.3f}")
+    table.add_row("run dir", str(cfg.run_dir))
+    table.add_row("best checkpoint", best_path or "-")
+    last = last_checkpoint(trainer)  # the file this run wrote, not a last.ckpt of another run
+    if last is not None:
+        table.add_row("last checkpoint", last)
+    Console(stderr=False).print(table)
