@@ -212,7 +212,7 @@ def beam_search(
             break
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)  # (n',)
-            keep_rows = (keep[:, None] * K + torch.arange(K, device=device)).view(-1)
+            keep_rows = (keep[:, None] * K + torch.arange(K, device=device)).view(-1)  # (n'*K,)
             alive, scores = alive[keep], scores[keep]
             prefix = prefix[keep_rows]
             memory, src_mask = memory[keep_rows], src_mask[keep_rows]
