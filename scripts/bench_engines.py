@@ -6,7 +6,9 @@ at load), all on the same weights and the same thread count.
 
 Without ``--ckpt`` the model is random, of the decode benchmark's size (V 8000, d_model 256,
 8 heads, d_ff 1024, 3+3 layers), decoding a batch of random sources (64 x 16 tokens) for
-exactly ``--new-tokens`` steps (``<eos>`` suppressed, as the decode benchmark does). With
+``--new-tokens`` steps (a random model practically never picks ``<eos>``; the JSON records
+the mean output length of each engine to show that they did the same work: n steps each, which
+is n - 1 tokens and ``<eos>`` for ours and ``generate``, n tokens for CTranslate2). With
 ``--ckpt`` it exports that checkpoint, and with ``--data-dir`` it also translates Multi30k
 test2016 with every engine and reports sacreBLEU per engine.
 
@@ -135,24 +137,12 @@ def bench_random(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     n = args.new_tokens
     results: dict[str, Any] = {}
     for beam in args.beams:
-        # <eos> suppressed everywhere, so every engine decodes exactly n tokens per sentence.
+        # A random model practically never picks <eos> (1 of V tokens), so every engine runs
+        # the whole cap of n steps; the JSON records the output lengths to show it.
         search = SearchConfig(beam_size=beam, length_penalty=0.0, max_len_a=0.0, max_len_b=n)
 
         def ours(search: SearchConfig = search) -> Any:
-            model = loaded.model
-            with torch.no_grad():
-                original = model.generator.forward
-
-                def no_eos(h: torch.Tensor) -> torch.Tensor:
-                    logits = original(h)
-                    logits[..., eos] = -torch.inf
-                    return logits
-
-                model.generator.forward = no_eos  # type: ignore[method-assign]
-                try:
-                    return generate(model, src, 1, eos, search)
-                finally:
-                    model.generator.forward = original  # type: ignore[method-assign]
+            return generate(loaded.model, src, 1, eos, search)
 
         def hf_generate(beam: int = beam) -> Any:
             with torch.no_grad():
@@ -161,7 +151,6 @@ def bench_random(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     attention_mask=src != 0,
                     num_beams=beam,
                     max_new_tokens=n,
-                    min_new_tokens=n,
                     length_penalty=0.0,
                     do_sample=False,
                 )
@@ -175,7 +164,6 @@ def bench_random(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     tokens,
                     beam_size=beam,
                     max_decoding_length=n,
-                    min_decoding_length=n,
                     length_penalty=0.0,
                     max_batch_size=args.batch,
                 )
@@ -188,7 +176,9 @@ def bench_random(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "ct2_float32": ct2("ct2_float32"),
             "ct2_int8": ct2("ct2_int8"),
         }
+        lengths = {name: _mean_length(fn(), eos) for name, fn in contenders.items()}
         times = timed(contenders, args.repeats)
+        results[f"beam{beam}_output_tokens"] = lengths
         results[f"beam{beam}"] = {
             name: {
                 "median_s": statistics.median(t),
@@ -204,6 +194,16 @@ def bench_random(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "new_tokens": n,
         "results": results,
     }
+
+
+def _mean_length(output: Any, eos: int) -> float:
+    """Mean generated tokens per sentence (``<eos>``, start token and padding excluded)."""
+    if isinstance(output, torch.Tensor):
+        rows = [[t for t in row if t not in (0, 1)] for row in output.tolist()]
+        rows = [row[: row.index(eos)] if eos in row else row for row in rows]
+    else:  # CTranslate2 results
+        rows = [r.hypotheses[0] for r in output]
+    return sum(map(len, rows)) / max(len(rows), 1)
 
 
 def read_lines(path: Path) -> list[str]:
@@ -285,7 +285,7 @@ def _decoding(decoding: dict[str, Any]) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    beams = list(result["results"])
+    beams = [b for b in result["results"] if not b.endswith("_output_tokens")]
     has_bleu = "bleu" in next(iter(result["results"][beams[0]].values()))
     header = ["engine"] + [f"{b} sent/s" for b in beams] + [f"{b} x generate" for b in beams]
     if has_bleu:
