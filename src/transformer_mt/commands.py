@@ -19,6 +19,9 @@ import hydra
 from omegaconf import DictConfig
 
 from transformer_mt.cli import guarded, run_entry_point
+from transformer_mt.data.config import register_stored_overrides
+
+register_stored_overrides()  # configs/evaluate.yaml's `data: stored`
 
 #: The Hydra config directory inside the installed package.
 CONFIG_DIR = str(Path(__file__).resolve().parent / "configs")
