@@ -51,9 +51,10 @@ fi
 start=$SECONDS
 RUN_DIR="$OUT_DIR/bf16_run"
 rm -rf "$RUN_DIR"
+# No validation (check_val_every_n_epoch past the end); the test split scores the last weights.
 "$PYTHON" train.py "trainer=$DEVICE" trainer.precision=bf16-mixed trainer.max_steps=60 \
-    trainer.max_epochs=1 trainer.limit_val_batches=4 trainer.limit_test_batches=2 \
-    trainer.log_every_n_steps=20 trainer.enable_progress_bar=false callbacks=none logger=csv \
+    trainer.max_epochs=100 trainer.check_val_every_n_epoch=1000 trainer.limit_test_batches=2 \
+    trainer.log_every_n_steps=10 trainer.enable_progress_bar=false callbacks=none logger=csv \
     data.sizes.train=3000 data.sizes.validation=100 data.sizes.test=100 data.cache_dir=null \
     "hydra.run.dir=$RUN_DIR" >"$OUT_DIR/bf16_run.log" 2>&1
 rc=$?
