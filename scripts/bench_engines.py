@@ -233,10 +233,10 @@ def bench_checkpoint(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         base = SearchConfig(**{**_decoding(loaded.decoding), "beam_size": beam})
         ours = Translator(loaded, base, max_sentences=args.batch)
 
-        def hf_translate(beam: int = beam, search: SearchConfig = base) -> list[str]:
-            order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # as the others batch
-            out: list[str] = [""] * len(ids)
-            for i in range(0, len(ids), args.batch):
+        def hf_translate(n: int, beam: int = beam, search: SearchConfig = base) -> list[str]:
+            order = sorted(range(n), key=lambda i: -len(ids[i]))  # as the others batch
+            out: list[str] = [""] * n
+            for i in range(0, n, args.batch):
                 chunk = [ids[k] for k in order[i : i + args.batch]]
                 width = max(len(r) for r in chunk) + 1
                 src = torch.zeros(len(chunk), width, dtype=torch.long)
@@ -248,7 +248,10 @@ def bench_checkpoint(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                         attention_mask=src != 0,
                         num_beams=beam,
                         length_penalty=search.length_penalty,
-                        max_new_tokens=int(search.max_len_a * width + search.max_len_b),
+                        max_new_tokens=min(  # our cap; positions end at max_len
+                            int(search.max_len_a * width + search.max_len_b),
+                            loaded.config.max_len,
+                        ),
                     )
                 texts = tok.decode_hypotheses([r[1:] for r in gen.tolist()])
                 for k, text in zip(order[i : i + args.batch], texts):
@@ -258,16 +261,18 @@ def bench_checkpoint(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for name in ("ct2_float32", "ct2_int8"):
             e[name].search = base
             e[name].max_tokens = args.batch * 64
-        contenders: dict[str, Callable[[], list[str]]] = {
-            "ours": lambda ours=ours: tok.decode_hypotheses(ours.translate_ids(ids)),
+        # Each takes the number of leading sentences to translate.
+        contenders: dict[str, Callable[[int], list[str]]] = {
+            "ours": lambda n, ours=ours: tok.decode_hypotheses(ours.translate_ids(ids[:n])),
             "transformers": hf_translate,
-            "ct2_float32": lambda: e["ct2_float32"].translate(sources),
-            "ct2_int8": lambda: e["ct2_int8"].translate(sources),
+            "ct2_float32": lambda n: e["ct2_float32"].translate(sources[:n]),
+            "ct2_int8": lambda n: e["ct2_int8"].translate(sources[:n]),
         }
         row: dict[str, Any] = {}
         for name, fn in contenders.items():
+            fn(min(8, len(sources)))  # warm-up: lazy initialisation, allocator, thread pools
             start = time.perf_counter()
-            hyps = fn()
+            hyps = fn(len(sources))
             elapsed = time.perf_counter() - start
             bleu = sacrebleu.corpus_bleu(hyps, [refs])
             row[name] = {
