@@ -208,8 +208,8 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.append(k, v)  # (B, H, T_seen + T, d_k), (B, H, T_seen + T, d_v)
             return q, k, v
         (q,) = self._project(x, self.q_proj)
-        if cache is not None and cache.k is not None and cache.v is not None:
-            return q, cache.k, cache.v  # the source keys/values of the first step
+        if cache is not None and not cache.is_empty:
+            return q, cache.k, cache.v  # type: ignore[return-value]  # the first step's K/V
         k, v = self._project(memory, self.k_proj, self.v_proj)  # K and V in one matmul
         if cache is not None:
             cache.set(k, v)
