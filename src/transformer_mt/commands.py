@@ -12,6 +12,12 @@ the command runs, so ``--help`` and config errors answer at once).
 
 from __future__ import annotations
 
+import os
+
+# As in train.py: OpenMP reads its wait policy when torch loads, so set it before any import
+# that may load torch; PASSIVE unless the environment says otherwise (README, Train).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from pathlib import Path
 from typing import Any
 
