@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -82,3 +87,23 @@ def compose_train(run_dir, overrides=(), config_name: str = "train"):
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         return compose(config_name, overrides=[f"run_dir={run_dir}", *overrides])
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(mount: Path, size: str):
+    """A real, small file system at ``mount`` that can fill up (tmpfs; needs root and mount).
+
+    Skips the test where it cannot be had. Used by the disk-full tests.
+    """
+    mount.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

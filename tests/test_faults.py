@@ -38,7 +38,7 @@ from transformer_mt.training.callbacks import (
 from transformer_mt.training.faults import FaultInjection
 from transformer_mt.training.run import run
 
-from conftest import FAST_TRAIN, compose_train
+from conftest import FAST_TRAIN, compose_train, mounted_tmpfs
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS_PER_EPOCH = 25  # FAST_TRAIN: 300 pairs, max_tokens 512
@@ -176,19 +176,8 @@ def test_fault_injection_rejects_unknown_faults() -> None:
 @pytest.fixture
 def small_disk(tmp_path: Path):
     """A 24 MiB tmpfs (needs root and mount): a real file system that can fill up."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "24m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_disk_full_mid_run_is_one_line_and_keeps_the_last_checkpoint(small_disk: Path) -> None:

@@ -27,7 +27,7 @@ from transformer_mt.cli import (
 )
 from transformer_mt.training.run import check_output_dir, run
 
-from conftest import FAST_TRAIN, compose_train
+from conftest import FAST_TRAIN, compose_train, mounted_tmpfs
 
 ROOT = Path(__file__).resolve().parents[1]
 #: FAST_TRAIN without the keys that exist only in the generated (numbers) data config.
@@ -458,19 +458,8 @@ def test_read_only_checkpoint_dir_is_found_at_start(
 @pytest.fixture
 def tiny_disk(tmp_path: Path):
     """A 2 MiB tmpfs (root + mount): room for the start-up probe, not for 10 checkpoints."""
-    mount = tmp_path / "tiny_disk"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "tiny_disk", "2m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_no_room_for_the_checkpoints_is_found_at_start(
