@@ -170,15 +170,15 @@ class TranslationModule(pl.LightningModule):
         schedule = str(self.hparams.get("lr_schedule", "inverse_sqrt"))
         total = self._planned_steps() if schedule != "inverse_sqrt" else None
         # A wall-clock budget (trainer.max_time) is a horizon too: see training/budget.py.
-        budget = find_budget(self._trainer)
-        timed = budget is not None and budget.seconds is not None
+        budget = find_budget(self._trainer)  # progress() is None without trainer.max_time
 
         def factor(step: int) -> float:
             # LambdaLR counts from 0 before the first step; the paper's counter starts at 1.
-            progress = budget.progress(step + 1, warmup) if timed and budget else None
+            progress = budget.progress(step + 1, warmup) if budget is not None else None
             return lr_factor(step + 1, warmup, schedule, total, progress)
 
         # A run without any budget fails here, before training.
+        timed = budget is not None and budget.seconds is not None
         lr_factor(1, warmup, schedule, total, 0.0 if timed else None)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {
