@@ -126,6 +126,7 @@ class TokenBudgetBatchSampler:
         src_lengths: np.ndarray | Sequence[int],
         tgt_lengths: np.ndarray | Sequence[int] | None,
         max_tokens: int,
+        *,
         shuffle: bool = True,
         seed: int = 0,
         rank: int = 0,

@@ -176,6 +176,7 @@ class Tokenizer:
         cls,
         src_texts: Iterable[list[str]],
         tgt_texts: Iterable[list[str]],
+        *,
         vocab_size: int = 8000,
         joint: bool = True,
         min_frequency: int = 2,

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 def generate_numbers_corpus(
     src_lang: str = "en",
     tgt_lang: str = "de",
+    *,
     sizes: Mapping[str, int] | None = None,
     number_range: tuple[int, int] = (2, 99999),
     seed: int = 0,

@@ -71,6 +71,7 @@ def load_hub_corpus(
     hub_config: str | None,
     src_lang: str,
     tgt_lang: str,
+    *,
     splits: Mapping[str, str] | None = None,
     revision: str | None = None,
     cache_dir: str | None = None,
