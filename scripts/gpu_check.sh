@@ -3,7 +3,7 @@
 # training-loop benchmark (bare step vs real loop, per precision) and a decoding benchmark,
 # then ONE table. Without CUDA every part that needs it says so and the rest runs on the CPU
 # (bf16-mixed training on the CPU, the benchmarks in --quick sizes), so the script itself
-# stays tested (tests/test_gpu_check.py).
+# stays tested (tests/integration/test_gpu_check.py).
 #
 #   scripts/gpu_check.sh                 # on a GPU machine; the table also goes to $OUT_DIR
 #   OUT_DIR=/tmp/gc scripts/gpu_check.sh # where the logs, JSON and table go (default gpu_check/)

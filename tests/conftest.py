@@ -14,6 +14,13 @@ from transformer_mt.model.transformer import ModelConfig, Transformer
 
 PAD, BOS, EOS = 0, 1, 2
 
+#: The repository root, this folder (on the subprocesses' PYTHONPATH for ``import conftest``),
+#: the checked-in fixtures and the shared Multi30k text beside the repository.
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+FIXTURES = TESTS / "fixtures"
+MULTI30K = ROOT / "../shared/data/multi30k"
+
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
@@ -54,7 +61,7 @@ def random_batch(batch: int = 3, src_len: int = 7, tgt_len: int = 6, vocab: int 
 
 # ---------------------------------------------------------------- Hydra + training helpers
 
-CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = ROOT / "configs"
 
 #: Settings that make a full train.run take seconds: tiny model, tiny generated data.
 FAST_TRAIN = [

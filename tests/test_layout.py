@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 PACKAGE = ROOT / "src" / "transformer_mt"
 
 #: The shape every function in the package keeps (DESIGN.md, "Style"): a function that reads on

@@ -27,9 +27,8 @@ from transformer_mt.cli import (
 )
 from transformer_mt.training.run import check_output_dir, run
 
-from conftest import FAST_TRAIN, compose_train, mounted_tmpfs
+from conftest import FAST_TRAIN, ROOT, compose_train, mounted_tmpfs
 
-ROOT = Path(__file__).resolve().parents[1]
 #: FAST_TRAIN without the keys that exist only in the generated (numbers) data config.
 BASE_TRAIN = [o for o in FAST_TRAIN if not o.startswith("data.")]
 FILES_TRAIN = [
@@ -377,7 +376,7 @@ def test_shipped_data_and_model_configs_fit_the_positional_table(tmp_path: Path)
     """Under the defaults a sentence of data.max_len tokens + <bos>/<eos> fits model.max_len."""
     from transformer_mt.training.checks import check_max_len
 
-    configs = Path(__file__).resolve().parents[1] / "configs"
+    configs = ROOT / "configs"
     for data in sorted(p.stem for p in (configs / "data").glob("*.yaml")):
         for model in sorted(p.stem for p in (configs / "model").glob("*.yaml")):
             cfg = compose_train(tmp_path, [f"data={data}", f"model={model}"])

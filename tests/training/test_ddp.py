@@ -21,8 +21,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+from conftest import ROOT, TESTS
 
 DATA = [
     "data.sizes.train=300",

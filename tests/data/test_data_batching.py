@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from transformer_mt.data.batching import (
     random_order_batches,
 )
 
-MULTI30K = Path(__file__).resolve().parents[1] / "../shared/data/multi30k"
+from conftest import MULTI30K
 
 
 @pytest.fixture(scope="module")

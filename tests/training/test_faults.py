@@ -38,9 +38,8 @@ from transformer_mt.training.callbacks import (
 from transformer_mt.training.faults import FaultInjection
 from transformer_mt.training.run import run
 
-from conftest import FAST_TRAIN, compose_train, mounted_tmpfs
+from conftest import FAST_TRAIN, ROOT, compose_train, mounted_tmpfs
 
-ROOT = Path(__file__).resolve().parents[1]
 STEPS_PER_EPOCH = 25  # FAST_TRAIN: 300 pairs, max_tokens 512
 EPOCHS = 8
 SAVE_EVERY = 3

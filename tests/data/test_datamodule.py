@@ -12,7 +12,8 @@ from transformer_mt.data.config import DataConfig
 from transformer_mt.data.datamodule import TranslationDataModule
 from transformer_mt.data.tokenizer import Tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 MULTI30K = ROOT / "../shared/data/multi30k"
 SIZES = {"train": 400, "validation": 40, "test": 30}
 

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+from conftest import ROOT
+
+SCRIPTS = ROOT / "scripts"
 
 
 def _positive(value: float) -> bool:

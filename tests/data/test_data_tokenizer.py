@@ -5,13 +5,12 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
-from pathlib import Path
 
 import pytest
 
 from transformer_mt.data.tokenizer import FILENAME, META_FILENAME, TARGET_FILENAME, Tokenizer
 
-MULTI30K = Path(__file__).resolve().parents[1] / "../shared/data/multi30k"
+from conftest import FIXTURES, MULTI30K
 
 SAMPLE = [
     ("A man in an orange hat starring at something.", "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt."),
@@ -120,7 +119,7 @@ def test_bad_inputs_explain_themselves(tmp_path):
 
 # ------------------------------------------------------------ standard files, old format
 
-FIXTURE_V1 = Path(__file__).resolve().parent / "fixtures" / "format_v1"
+FIXTURE_V1 = FIXTURES / "format_v1"
 
 
 def test_saved_tokenizer_json_is_a_standard_tokenizers_file(joint, tmp_path):

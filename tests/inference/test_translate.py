@@ -14,7 +14,7 @@ from transformer_mt.checkpoint import load_model
 from transformer_mt.inference.search import SearchConfig
 from transformer_mt.inference.translate import Translator, main
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
 
 
 @pytest.fixture(scope="module")

@@ -30,9 +30,11 @@ from transformer_mt.inference.search import beam_search, greedy_search
 from transformer_mt.model.embedding import SinusoidalPositionalEncoding
 from transformer_mt.model.transformer import ModelConfig, Transformer
 
+from conftest import FIXTURES, ROOT
+
 transformers = pytest.importorskip("transformers", reason="needs the export extra")
 
-FIXTURE_V1 = Path(__file__).resolve().parent / "fixtures" / "format_v1" / "model.ckpt"
+FIXTURE_V1 = FIXTURES / "format_v1" / "model.ckpt"
 #: One length cap for both sides (ours: max_len_a=0, max_len_b=CAP; generate: max_new_tokens).
 CAP = 60
 
@@ -350,7 +352,7 @@ def test_evaluate_and_translate_decode_with_ctranslate2(
                                *extra]) == 0  # fmt: skip
         outputs[engine] = out.read_text(encoding="utf-8").split("\n")
     assert outputs["ctranslate2"] == outputs["torch"] and outputs["torch"][4] == ""
-    configs = str(Path(__file__).resolve().parents[1] / "configs")
+    configs = str(ROOT / "configs")
     results = {}
     for engine in ("torch", "ctranslate2"):
         overrides = [f"run_dir={tmp_path / engine}", "progress=false", f"ckpt_path={ckpt}",

@@ -28,7 +28,7 @@ from transformer_mt.training.sweep import (
     write_summary,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
 
 # One epoch of 300 pairs with a 32-wide model; no test pass, no checkpoint callback.
 TINY = [

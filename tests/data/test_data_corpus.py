@@ -18,7 +18,8 @@ from transformer_mt.data.sources import (
     load_hub_corpus,
 )
 
-MULTI30K = Path(__file__).resolve().parents[1] / "../shared/data/multi30k"
+from conftest import MULTI30K
+
 needs_multi30k = pytest.mark.skipif(
     not (MULTI30K / "train.en.gz").is_file(), reason=f"Multi30k copy not found at {MULTI30K}"
 )

@@ -12,7 +12,7 @@ import torch
 from test_evaluate import best_checkpoint, train_tiny_run
 from transformer_mt.checkpoint import load_checkpoint, load_model
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
 
 
 def script(name: str) -> ModuleType:

@@ -22,7 +22,8 @@ from omegaconf import OmegaConf
 from transformer_mt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from transformer_mt.inference.evaluate import DataMismatchError, run
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 CONFIGS = str(ROOT / "configs")
 
 #: Training overrides of the shared tiny run; evaluation needs the same data overrides.
