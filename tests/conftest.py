@@ -96,6 +96,89 @@ def compose_train(run_dir, overrides=(), config_name: str = "train"):
         return compose(config_name, overrides=[f"run_dir={run_dir}", *overrides])
 
 
+# ---------------------------------------------------------------- the shared tiny trained run
+
+#: Training overrides of the shared tiny run; evaluation needs the same data overrides.
+DATA_OVERRIDES = [
+    "data.sizes.train=1000",
+    "data.sizes.validation=40",
+    "data.sizes.test=40",
+    "data.cache_dir=null",
+]
+TRAIN_OVERRIDES = [
+    *DATA_OVERRIDES,
+    "trainer.max_epochs=2",
+    "callbacks=none",
+    "logger=csv",
+    "trainer.enable_model_summary=false",
+    "trainer.log_every_n_steps=1",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.d_ff=64",
+    "model.max_len=65",  # data.max_len (64) + <bos>/<eos> (training/checks.py)
+    "module.warmup_steps=10",
+    "optimizer.lr=3e-3",
+    "threads=1",
+]
+
+
+def train_tiny_run(run_dir: Path) -> Path:
+    """Train the tiny model into ``run_dir`` once (idempotent); return ``run_dir``.
+
+    Like ``python train.py``, it leaves ``.hydra/config.yaml`` in the run directory, which
+    evaluate.py reads when the checkpoint stores no data config.
+    """
+    done = run_dir / "DONE"
+    if done.exists():
+        return run_dir
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from transformer_mt.training.run import run as train_run
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=[f"run_dir={run_dir}", *TRAIN_OVERRIDES])
+    train_run(cfg)
+    (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    done.touch()
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_tiny_run(tmp_path_factory.getbasetemp() / "tiny_run")
+
+
+def best_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint train.run tested: ModelCheckpoint's best_model_path, kept in last.ckpt."""
+    from transformer_mt.checkpoint import load_checkpoint
+
+    states = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["callbacks"]
+    (state,) = [s for s in states.values() if s.get("monitor") == "val/bleu"]
+    return Path(state["best_model_path"])
+
+
+def trainer_test_metrics(run_dir: Path) -> dict[str, float]:
+    import csv
+
+    with open(run_dir / "csv" / "metrics.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("test/bleu")]
+    assert rows, "train.run logged no test metrics"
+    return {k: float(v) for k, v in rows[-1].items() if k.startswith("test/") and v}
+
+
+def evaluate(tmp_path: Path, *overrides: str) -> dict:
+    """evaluate.py's pipeline on a composed config, writing into ``tmp_path``."""
+    from hydra import compose, initialize_config_dir
+
+    from transformer_mt.inference.evaluate import run
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("evaluate", overrides=[f"run_dir={tmp_path}", "progress=false", *overrides])
+    return run(cfg)
+
+
 @contextlib.contextmanager
 def mounted_tmpfs(mount: Path, size: str):
     """A real, small file system at ``mount`` that can fill up (tmpfs; needs root and mount).

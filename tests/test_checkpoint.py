@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_evaluate import DATA_OVERRIDES, best_checkpoint, evaluate, train_tiny_run
 from transformer_mt.checkpoint import (
     CHECKPOINT_KEY,
     CheckpointError,
@@ -23,7 +22,7 @@ from transformer_mt.inference.averaging import average_checkpoints, select_check
 from transformer_mt.inference.translate import main as translate_main
 from transformer_mt.model.transformer import Transformer
 
-from conftest import tiny_config
+from conftest import DATA_OVERRIDES, best_checkpoint, evaluate, tiny_config, train_tiny_run
 
 
 class Touch:

@@ -20,7 +20,6 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from test_evaluate import best_checkpoint, evaluate, trainer_test_metrics
 from transformer_mt.data.collate import Collate
 from transformer_mt.data.sources import generate_numbers_corpus
 from transformer_mt.inference.decode import decode
@@ -28,7 +27,7 @@ from transformer_mt.inference.metrics import corpus_scores
 from transformer_mt.inference.search import SearchConfig
 from transformer_mt.inference.translate import main as translate_main
 
-from conftest import CONFIGS, tiny_config
+from conftest import CONFIGS, best_checkpoint, evaluate, tiny_config, trainer_test_metrics
 
 COMMON = [
     "callbacks=none",

@@ -1,13 +1,11 @@
 """evaluate.py: train-then-evaluate gives the trainer's test scores; results.json; errors.
 
-The tiny run trained here (a few seconds) is shared with test_translate.py, test_checkpoint.py
-and test_scripts.py through :func:`tiny_run_dir` (trained once per session, in the session's
-base temp directory).
+The tiny run (conftest.tiny_run_dir) is trained once per session and shared with the
+translate, decode, checkpoint and scripts tests.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import subprocess
@@ -16,83 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from transformer_mt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from transformer_mt.inference.evaluate import DataMismatchError, run
+from transformer_mt.inference.evaluate import DataMismatchError
 
-from conftest import ROOT
-
-CONFIGS = str(ROOT / "configs")
-
-#: Training overrides of the shared tiny run; evaluation needs the same data overrides.
-DATA_OVERRIDES = [
-    "data.sizes.train=1000",
-    "data.sizes.validation=40",
-    "data.sizes.test=40",
-    "data.cache_dir=null",
-]
-TRAIN_OVERRIDES = [
-    *DATA_OVERRIDES,
-    "trainer.max_epochs=2",
-    "callbacks=none",
-    "logger=csv",
-    "trainer.enable_model_summary=false",
-    "trainer.log_every_n_steps=1",
-    "model.d_model=32",
-    "model.n_heads=2",
-    "model.d_ff=64",
-    "model.max_len=65",  # data.max_len (64) + <bos>/<eos> (training/checks.py)
-    "module.warmup_steps=10",
-    "optimizer.lr=3e-3",
-    "threads=1",
-]
-
-
-def train_tiny_run(run_dir: Path) -> Path:
-    """Train the tiny model into ``run_dir`` once (idempotent); return ``run_dir``.
-
-    Like ``python train.py``, it leaves ``.hydra/config.yaml`` in the run directory, which
-    evaluate.py reads when the checkpoint stores no data config.
-    """
-    done = run_dir / "DONE"
-    if done.exists():
-        return run_dir
-    from transformer_mt.training.run import run as train_run
-
-    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
-        cfg = compose("train", overrides=[f"run_dir={run_dir}", *TRAIN_OVERRIDES])
-    train_run(cfg)
-    (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
-    done.touch()
-    return run_dir
-
-
-@pytest.fixture(scope="session")
-def tiny_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train_tiny_run(tmp_path_factory.getbasetemp() / "tiny_run")
-
-
-def best_checkpoint(run_dir: Path) -> Path:
-    """The checkpoint train.run tested: ModelCheckpoint's best_model_path, kept in last.ckpt."""
-    states = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["callbacks"]
-    (state,) = [s for s in states.values() if s.get("monitor") == "val/bleu"]
-    return Path(state["best_model_path"])
-
-
-def trainer_test_metrics(run_dir: Path) -> dict[str, float]:
-    with open(run_dir / "csv" / "metrics.csv", newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("test/bleu")]
-    assert rows, "train.run logged no test metrics"
-    return {k: float(v) for k, v in rows[-1].items() if k.startswith("test/") and v}
-
-
-def evaluate(tmp_path: Path, *overrides: str) -> dict:
-    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
-        cfg = compose("evaluate", overrides=[f"run_dir={tmp_path}", "progress=false", *overrides])
-    return run(cfg)
+from conftest import DATA_OVERRIDES, ROOT, best_checkpoint, evaluate, trainer_test_metrics
 
 
 def test_bleu_equals_trainer_test_bleu(tiny_run_dir: Path, tmp_path: Path) -> None:

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from test_evaluate import best_checkpoint, train_tiny_run
 from transformer_mt.checkpoint import load_model
 from transformer_mt.inference.search import SearchConfig
 from transformer_mt.inference.translate import Translator, main
 
-from conftest import ROOT
+from conftest import ROOT, best_checkpoint, train_tiny_run
 
 
 @pytest.fixture(scope="module")

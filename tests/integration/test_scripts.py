@@ -9,10 +9,9 @@ from types import ModuleType
 import pytest
 import torch
 
-from test_evaluate import best_checkpoint, train_tiny_run
 from transformer_mt.checkpoint import load_checkpoint, load_model
 
-from conftest import ROOT
+from conftest import ROOT, best_checkpoint, train_tiny_run
 
 
 def script(name: str) -> ModuleType:

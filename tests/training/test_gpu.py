@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from test_lean_loop import _batches, _loader, _module, _trainer
 from transformer_mt.training.loop import is_log_step
 from transformer_mt.training.precision import resolve_precision
+
+from test_lean_loop import _batches, _loader, _module, _trainer
 
 pytestmark = [
     pytest.mark.gpu,
