@@ -33,8 +33,8 @@ DEFAULT_HUB_SPLITS: dict[str, str] = {
 }
 DEFAULT_SIZES: dict[str, int] = {"train": 20000, "validation": 500, "test": 500}
 
-#: Keys that data configs stored by earlier code carry but that are not data settings: the
-#: Hydra target, and arguments the data module takes besides its config.
+#: Keys that a stored data config may carry beside the settings (checkpoints of format 1 hold
+#: them): the Hydra target, and arguments the data module takes besides its config.
 _NOT_SETTINGS = ("_target_", "_convert_", "work_dir", "tokenizer", "only_splits")
 
 
@@ -166,7 +166,7 @@ class DataConfig:
         """A config from a stored mapping: a checkpoint's ``transformer_mt.data`` entry, the
         ``data`` section of a run's ``.hydra/config.yaml``, or both merged with overrides.
 
-        Keys that earlier code stored beside the settings (``_target_``, ``work_dir``) are
+        Keys a stored config may hold beside the settings (``_target_``, ``work_dir``) are
         ignored; any other unknown key is an error that names it.
         """
         known = {f.name for f in fields(cls)}

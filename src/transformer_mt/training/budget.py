@@ -2,8 +2,8 @@
 
 A schedule that decays over a fixed number of epochs only anneals on the machine it was tuned
 on: on a machine half as fast, a 60-minute cap stops the run half-way down the decay, with the
-learning rate still high (issue 14 measured exactly that: stopped after 11 of 16 epochs at 0.35
-of the peak). :class:`TrainingBudget` turns the budget the user states in minutes into the
+learning rate still high (the Multi30k results in the README show such a run).
+:class:`TrainingBudget` turns the budget the user states in minutes into the
 decay's horizon instead, so the learning rate reaches zero when the budget ends, on a fast
 machine or a slow one:
 

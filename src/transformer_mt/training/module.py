@@ -144,7 +144,7 @@ class TranslationModule(pl.LightningModule):
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        # After the scheduler's step (as before): the learning rate the next step will use.
+        # After the scheduler's step: the learning rate the next step will use.
         if is_log_step(self._trainer) and self.trainer.optimizers:
             self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=1)
 

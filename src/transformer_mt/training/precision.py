@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 #: bf16 must beat fp32 by this factor (median of the paired rounds) to be chosen, and win
 #: every round: on a busy machine a single short timing swings by 2x either way (a 2-core AMD
-#: EPYC with avx512_bf16, where bf16-mixed is 1.00x fp32, measured 1.76x once under load), and
+#: EPYC with avx512_bf16, where bf16-mixed is 1.00x fp32, measured 1.76x once under load; docs/benchmarks.md), and
 #: the same command must not train in a different precision because another job was running.
 MIN_SPEEDUP = 1.25
 
