@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.model.transformer import Transformer
 from transformer_mt.training.loss import label_smoothed_loss
 from transformer_mt.training.module import TranslationModule
 from transformer_mt.training.precision import resolve_precision
@@ -39,9 +40,40 @@ def test_every_experiment_composes_and_instantiates(tmp_path: Path, experiment: 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_config_builds(tmp_path: Path, model: str) -> None:
+    """Each configs/model/*.yaml builds its Transformer and one SGD step lowers the loss."""
     cfg = compose_train(tmp_path, [f"model={model}"])
-    config = model_config_from(cfg.model, 37000, 37000, 0)
-    assert config.d_model >= 32 and config.n_encoder_layers >= 1
+    vocab = 64  # the model's own sizes, a small vocabulary: the step stays cheap on a CPU
+    config = model_config_from(cfg.model, vocab, vocab, 0)
+    assert (config.d_model, config.n_heads) == (cfg.model.d_model, cfg.model.n_heads)
+    torch.manual_seed(0)
+    transformer = Transformer(config).eval()  # no dropout: the two losses are comparable
+    src, tgt = torch.randint(4, vocab, (2, 7)), torch.randint(4, vocab, (2, 6))
+
+    def loss() -> torch.Tensor:
+        logits = transformer(src, tgt[:, :-1])
+        assert logits.shape == (2, 5, vocab)
+        return label_smoothed_loss(logits, tgt[:, 1:], config.pad_id, 0.1)[0]
+
+    before = loss()
+    before.backward()
+    for name, parameter in transformer.named_parameters():
+        assert parameter.grad is not None and bool(torch.isfinite(parameter.grad).all()), name
+    torch.optim.SGD(transformer.parameters(), lr=1e-3).step()
+    with torch.no_grad():
+        assert float(loss()) < float(before)
+
+
+#: Parameter counts the YAML comments of configs/model/ state for a shared 37k vocabulary.
+STATED_PARAMETERS = {"base": 63_082_496, "big": 214_245_376}
+
+
+@pytest.mark.parametrize("model", sorted(STATED_PARAMETERS))
+def test_paper_model_configs_have_the_stated_size(tmp_path: Path, model: str) -> None:
+    cfg = compose_train(tmp_path, [f"model={model}"])
+    with torch.device("meta"):  # sizes only: no memory, no initialisation
+        transformer = Transformer(model_config_from(cfg.model, 37000, 37000, 0))
+    assert transformer.num_parameters() == STATED_PARAMETERS[model]
+    assert f"{STATED_PARAMETERS[model]:,}" in (CONFIGS / "model" / f"{model}.yaml").read_text()
 
 
 @pytest.mark.parametrize("trainer", [t for t in TRAINERS if t not in ("gpu", "ddp")])
