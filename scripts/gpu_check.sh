@@ -75,7 +75,7 @@ fi
 
 # 3. Training-loop benchmark: bare step vs the real Trainer loop, fp32 and bf16-mixed.
 start=$SECONDS
-"$PYTHON" scripts/bench_loop.py --accelerator "$DEVICE" --precisions 32-true bf16-mixed \
+"$PYTHON" scripts/benchmark.py loop --accelerator "$DEVICE" --precisions 32-true bf16-mixed \
     --steps 12 --warmup 3 --repeats 2 --data generated "${QUICK[@]}" \
     --out "$OUT_DIR/loop.json" >"$OUT_DIR/loop.log" 2>&1
 rc=$?

@@ -17,12 +17,22 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bench.common import SavedTensorBytes, Table, environment, goal, interleaved_times, median
+from bench.common import (
+    SavedTensorBytes,
+    Table,
+    add_plot_argument,
+    environment,
+    goal,
+    interleaved_times,
+    median,
+)
 from transformer_mt.model.attention import MultiHeadAttention
 from transformer_mt.model.config import ModelConfig
 
 NAME = "attention"
 HELP = "attention fwd+bwd time and memory vs length"
+#: One of the micro-benchmarks that ``benchmark.py all`` runs.
+IN_ALL = True
 #: Settings that ``--quick`` overrides: a smoke run in seconds, numbers not meaningful.
 QUICK = {
     "d_model": 32, "n_heads": 4, "lengths": [8, 32], "tokens": 64,
@@ -54,6 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the shape the 0.9x goal is judged at",
     )
     p.add_argument("--typical-repeats", type=int, default=11)
+    add_plot_argument(p)
 
 
 def _attention_contenders(d_model: int, n_heads: int) -> dict[str, nn.Module]:

@@ -9,6 +9,7 @@ jobs, thermal state) hits all of them alike; the reported figure is the median o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from transformer_mt.model.embedding import TokenEmbedding, TransformerEmbedding
 from transformer_mt.model.transformer import ModelConfig
 
 #: JSON/markdown tables: a header and rows of already formatted cells.
@@ -36,26 +38,49 @@ def setup_torch(threads: int, seed: int = 0) -> None:
     torch.manual_seed(seed)
 
 
+def cpu_model() -> str:
+    """The CPU model string (what ``lscpu | grep 'Model name'`` prints)."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
 def environment() -> dict[str, Any]:
-    """What the numbers were measured on: versions, threads, CPU model."""
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    """What the numbers were measured on: versions, CPU, thread settings, load, UTC time.
+
+    The OpenMP variables are recorded because they change CPU timings (OpenMP reads them once,
+    when torch loads); ``cuda`` names the GPU, if any.
+    """
     return {
         "torch": torch.__version__,
         "python": platform.python_version(),
         "threads": torch.get_num_threads(),
-        "cpu": cpu,
+        "inter_op_threads": torch.get_num_interop_threads(),
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
     }
+
+
+def environment_line(env: dict[str, Any]) -> str:
+    """One line that goes beside every printed figure: CPU model, threads, machine load."""
+    load = env.get("load_average")
+    parts = [
+        f"CPU: {env['cpu']}" + (f" ({env['cpu_capability']})" if env.get("cpu_capability") else ""),
+        f"GPU: {env['cuda']}" if env.get("cuda") else None,
+        f"{env['threads']} intra-op threads" if env.get("threads") else None,
+        f"OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}" if env.get("OMP_WAIT_POLICY") else None,
+        "load average " + " ".join(f"{x:.2f}" for x in load) if load else None,
+        f"{env['time']} UTC" if env.get("time") else None,
+    ]
+    return "; ".join(p for p in parts if p)
 
 
 def interleaved_times(
@@ -250,6 +275,55 @@ def model_config(args: argparse.Namespace, **extra: Any) -> ModelConfig:
     )
 
 
+class TorchTransformerMT(nn.Module):
+    """``torch.nn.Transformer`` with our embeddings, positional encodings and tied generator.
+
+    Everything outside the encoder/decoder stacks is the same module type as in our
+    ``Transformer``, so a timing difference comes from the stacks alone. ``nn.Transformer``
+    always appends a final LayerNorm to both stacks; for post-LN (our default) those are
+    removed to match our model.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c = config
+        token = TokenEmbedding(c.src_vocab_size, c.d_model, c.pad_id)
+        self.src_embedding = TransformerEmbedding(token, c)
+        self.tgt_embedding = TransformerEmbedding(token, c)
+        self.transformer = nn.Transformer(
+            d_model=c.d_model,
+            nhead=c.n_heads,
+            num_encoder_layers=c.n_encoder_layers,
+            num_decoder_layers=c.n_decoder_layers,
+            dim_feedforward=c.d_ff,
+            dropout=c.dropout,
+            activation=c.activation,
+            batch_first=True,
+            norm_first=c.norm_first,
+        )
+        if not c.norm_first:
+            self.transformer.encoder.norm = None
+            self.transformer.decoder.norm = None
+        self.generator = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
+        self.generator.weight = token.weight
+        self.pad_id = c.pad_id
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Same contract as ``Transformer.forward``: logits ``(B, T, V)``."""
+        src_pad = src == self.pad_id  # (B, S), True = ignore (nn.Transformer's polarity)
+        T = tgt_in.size(1)
+        causal = nn.Transformer.generate_square_subsequent_mask(T, device=src.device)
+        h = self.transformer(
+            self.src_embedding(src),
+            self.tgt_embedding(tgt_in),
+            tgt_mask=causal,
+            src_key_padding_mask=src_pad,
+            memory_key_padding_mask=src_pad,
+            tgt_is_causal=True,
+        )
+        return self.generator(h)
+
+
 # ----------------------------------------------------------------------------- command line
 
 
@@ -267,19 +341,29 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 #: The options every subcommand takes (``all`` passes them on to each benchmark).
-COMMON_OPTIONS = ("quick", "threads", "out", "out_dir", "format", "profile", "plot")
+COMMON_OPTIONS = ("quick", "threads", "out", "out_dir", "format")
 
 
 def add_common_arguments(p: argparse.ArgumentParser) -> None:
     """:data:`COMMON_OPTIONS`."""
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test in seconds")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
-    p.add_argument("--out", type=Path, default=None, help="JSON path (default bench_results/)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="JSON path (default OUT_DIR/<benchmark>.json)"
+    )
     p.add_argument("--out-dir", type=Path, default=Path("bench_results"), help="JSON folder")
     p.add_argument(
         "--format", choices=["rich", "markdown"], default="rich", help="table output style"
     )
+
+
+def add_profile_argument(p: argparse.ArgumentParser) -> None:
+    """``--profile``, for the benchmarks that can add :func:`top_ops` tables."""
     p.add_argument("--profile", action="store_true", help="add torch.profiler top ops (slower)")
+
+
+def add_plot_argument(p: argparse.ArgumentParser) -> None:
+    """``--plot``, for the benchmarks that can draw their result."""
     p.add_argument("--plot", action="store_true", help="write a PNG next to the JSON")
 
 

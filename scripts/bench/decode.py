@@ -22,6 +22,7 @@ from bench.common import (
     QUICK_MODEL,
     Table,
     add_model_arguments,
+    add_profile_argument,
     environment,
     goal,
     interleaved_times,
@@ -37,6 +38,8 @@ from transformer_mt.model.transformer import ModelConfig, Transformer
 
 NAME = "decode"
 HELP = "greedy/beam sentences/s vs no cache and HF Marian"
+#: One of the micro-benchmarks that ``benchmark.py all`` runs.
+IN_ALL = True
 QUICK = {
     **QUICK_MODEL, "batch": 2, "src_len": 6, "new_tokens": 4, "beams": [1, 2], "repeats": 1,
     "uncached_repeats": 1, "uncached_batch": 2,
@@ -46,6 +49,7 @@ QUICK = {
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``benchmark.py decode``."""
     add_model_arguments(p)
+    add_profile_argument(p)
     p.add_argument("--batch", type=int, default=64, help="source sentences")
     p.add_argument("--src-len", type=int, default=32, help="padded source length")
     p.add_argument("--new-tokens", type=int, default=64, help="output tokens per sentence")

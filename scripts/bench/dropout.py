@@ -19,6 +19,8 @@ from transformer_mt.model.dropout import Dropout
 
 NAME = "dropout"
 HELP = "dropout and dropout+residual: ours vs torch"
+#: One of the micro-benchmarks that ``benchmark.py all`` runs.
+IN_ALL = True
 QUICK = {"shapes": [[16, 8]], "repeats": 2}
 
 

@@ -21,7 +21,9 @@ from bench.common import (
     PAD,
     QUICK_MODEL,
     Table,
+    TorchTransformerMT,
     add_model_arguments,
+    add_profile_argument,
     environment,
     goal,
     interleaved_times,
@@ -33,11 +35,12 @@ from bench.common import (
     synthetic_batch,
     top_ops,
 )
-from transformer_mt.model.embedding import TokenEmbedding, TransformerEmbedding
 from transformer_mt.model.transformer import ModelConfig, Transformer
 
 NAME = "train"
 HELP = "training-step tokens/s and MFU vs nn.Transformer"
+#: One of the micro-benchmarks that ``benchmark.py all`` runs.
+IN_ALL = True
 QUICK = {**QUICK_MODEL, "batch": 4, "seq_len": 8, "repeats": 2, "matmul_n": 128}
 
 
@@ -61,55 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also time both models under torch.compile (compilation happens in the warmup)",
     )
-
-
-class TorchTransformerMT(nn.Module):
-    """``torch.nn.Transformer`` with our embeddings, positional encodings and tied generator.
-
-    Everything outside the encoder/decoder stacks is the same module type as in our
-    ``Transformer``, so a timing difference comes from the stacks alone. ``nn.Transformer``
-    always appends a final LayerNorm to both stacks; for post-LN (our default) those are
-    removed to match our model.
-    """
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        c = config
-        token = TokenEmbedding(c.src_vocab_size, c.d_model, c.pad_id)
-        self.src_embedding = TransformerEmbedding(token, c)
-        self.tgt_embedding = TransformerEmbedding(token, c)
-        self.transformer = nn.Transformer(
-            d_model=c.d_model,
-            nhead=c.n_heads,
-            num_encoder_layers=c.n_encoder_layers,
-            num_decoder_layers=c.n_decoder_layers,
-            dim_feedforward=c.d_ff,
-            dropout=c.dropout,
-            activation=c.activation,
-            batch_first=True,
-            norm_first=c.norm_first,
-        )
-        if not c.norm_first:
-            self.transformer.encoder.norm = None
-            self.transformer.decoder.norm = None
-        self.generator = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
-        self.generator.weight = token.weight
-        self.pad_id = c.pad_id
-
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Same contract as ``Transformer.forward``: logits ``(B, T, V)``."""
-        src_pad = src == self.pad_id  # (B, S), True = ignore (nn.Transformer's polarity)
-        T = tgt_in.size(1)
-        causal = nn.Transformer.generate_square_subsequent_mask(T, device=src.device)
-        h = self.transformer(
-            self.src_embedding(src),
-            self.tgt_embedding(tgt_in),
-            tgt_mask=causal,
-            src_key_padding_mask=src_pad,
-            memory_key_padding_mask=src_pad,
-            tgt_is_causal=True,
-        )
-        return self.generator(h)
+    add_profile_argument(p)
 
 
 def training_flops(config: ModelConfig, src: Tensor, tgt: Tensor) -> dict[str, Any]:

@@ -63,7 +63,8 @@ def test_second_run_reuses_the_arrow_cache(tmp_path: Path) -> None:
         out = tmp_path / f"{name}.json"
         command = [
             sys.executable,
-            str(ROOT / "scripts" / "bench_data_memory.py"),
+            str(ROOT / "scripts" / "benchmark.py"),
+            "data-memory",
             str(corpus),
             "--cache-dir",
             str(cache),
@@ -73,7 +74,9 @@ def test_second_run_reuses_the_arrow_cache(tmp_path: Path) -> None:
             "1000",
             "--batches",
             "20",
-            "--json",
+            "--threads",
+            "1",
+            "--out",
             str(out),
         ]
         proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)

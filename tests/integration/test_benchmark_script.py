@@ -1,4 +1,7 @@
-"""Smoke test of ``scripts/benchmark.py``: every subcommand in ``--quick`` mode writes sane JSON."""
+"""Smoke tests of ``scripts/benchmark.py``: its subcommands in ``--quick`` mode write sane JSON.
+
+The ``loop`` benchmark is tested in test_gpu_check.py, ``data-memory`` in test_large_corpus.py.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ import math
 from pathlib import Path
 
 import pytest
+
+from transformer_mt.cli import EXIT_USER_ERROR, guarded
 
 from conftest import ROOT
 
@@ -75,3 +80,37 @@ def test_all_subcommands_quick(benchmark, tmp_path: Path) -> None:
             continue
         assert result["goals"]
         assert all(isinstance(g["met"], bool) for g in result["goals"])
+
+
+def test_every_module_of_bench_is_a_subcommand(benchmark) -> None:
+    modules = {p.stem for p in (SCRIPTS / "bench").glob("*.py")} - {"__init__", "common"}
+    assert {m.__name__.removeprefix("bench.") for m in benchmark.BENCHMARKS.values()} == modules
+    assert {"loop", "loop-threads", "engines", "data-memory"} <= set(benchmark.BENCHMARKS)
+    assert benchmark.ALL == ["attention", "decode", "dropout", "train"]
+    assert benchmark.default_out("data-memory", Path("d")) == Path("d/data_memory.json")
+
+
+def test_bad_option_is_one_error_line(benchmark, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        guarded(benchmark.main)(["loop", "--steps", "4", "--warmup", "4"])
+    assert exited.value.code == EXIT_USER_ERROR
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: --warmup (4) must be below --steps (4); lower --warmup or raise --steps"]
+
+
+@pytest.mark.slow
+def test_engines_quick_random_model(benchmark, tmp_path: Path) -> None:
+    pytest.importorskip("ctranslate2", reason="the export extra is not installed")
+    out = tmp_path / "engines.json"
+    result = benchmark.main(["engines", "--quick", "--threads", "1", "--out", str(out)])["engines"]
+    assert json.loads(out.read_text()) == result
+    assert result["model"] == "random" and result["config"]["d_model"] == 32
+    for beam in (1, 2):
+        speeds = result["results"][f"beam{beam}"]
+        assert set(speeds) == {"ours", "transformers", "ct2_float32", "ct2_int8"}
+        assert all(_positive(row["sentences_per_s"]) for row in speeds.values())
+        # A random model runs to the cap: 4 steps, of which ours and generate spend one on eos.
+        lengths = result["results"][f"beam{beam}_output_tokens"]
+        assert lengths["ours"] == lengths["transformers"] == 3
+        assert lengths["ct2_float32"] == lengths["ct2_int8"] == 4
+    assert result["environment"]["cpu"]

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh and scripts/bench_loop.py run on a machine without CUDA.
+"""scripts/gpu_check.sh and ``scripts/benchmark.py loop`` run on a machine without CUDA.
 
 Without CUDA the GPU check still runs everything it can on the CPU and says, in its one table,
 which parts were skipped and why. Both are slow (real training runs): ``make test-all``.
@@ -19,14 +19,15 @@ from conftest import ROOT
 
 
 @pytest.mark.slow
-def test_bench_loop_quick_rows_per_precision(
+def test_loop_benchmark_quick_rows_per_precision(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    bench_loop = importlib.import_module("bench_loop")
+    benchmark = importlib.import_module("benchmark")
     out = tmp_path / "loop.json"
-    result = bench_loop.main(
+    result = benchmark.main(
         [
+            "loop",
             "--quick",
             "--data",
             "generated",
@@ -42,7 +43,7 @@ def test_bench_loop_quick_rows_per_precision(
             "--out",
             str(out),
         ]
-    )
+    )["loop"]
     rows = {(r["contender"], r["precision"]): r for r in result["rows"]}
     assert set(rows) == {
         ("bare", "32-true"),

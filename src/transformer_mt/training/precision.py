@@ -4,8 +4,8 @@ What the hardware offers is detected (CUDA bf16; CPU bf16 units: AMX ``amx_bf16`
 ``avx512_bf16``); where bf16 could pay off on a CPU a short calibration times a few
 forward+backward passes of the *actual* model in fp32 and under bf16 autocast and keeps bf16
 only when it is clearly faster, because bf16 units alone do not make a small model faster:
-casts and non-matmul work can eat the gain (see ``scripts/bench_loop.py``, one row per
-precision). The choice and its reason are logged at start-up.
+casts and non-matmul work can eat the gain (see ``scripts/benchmark.py loop``, one row
+per precision). The choice and its reason are logged at start-up.
 
 Rules:
 
