@@ -66,6 +66,7 @@ def test_a_decaying_schedule_accepts_a_time_budget_alone() -> None:
 
 def test_progress_counts_from_the_end_of_the_warmup_and_reserves_the_last_validation() -> None:
     budget = VirtualClockBudget(step_seconds=1.0)
+    budget.initial_reserve = 0.0  # this test is about the measured reserve
     budget.seconds = 100.0
     budget._started = 0.0
     budget.clock = 7.0
@@ -81,6 +82,43 @@ def test_progress_counts_from_the_end_of_the_warmup_and_reserves_the_last_valida
     assert budget.progress(step=80, warmup_steps=5) == 1.0
 
 
+def test_the_final_validation_is_reserved_before_any_validation_was_timed() -> None:
+    budget = TrainingBudget(initial_reserve=0.05)
+    budget.seconds = 240.0
+    assert budget.horizon() == pytest.approx(228.0)  # 5% kept from the start
+    budget.last_validation = 3.0  # then what a validation really takes
+    assert budget.horizon() == pytest.approx(237.0)
+    assert TrainingBudget(reserve_validation=False).horizon() is None  # no budget, no horizon
+
+
+def test_a_warmup_longer_than_the_budget_ends_at_its_fraction_of_the_time() -> None:
+    budget = VirtualClockBudget(step_seconds=1.0)
+    budget.max_warmup_fraction, budget.initial_reserve = 0.1, 0.0
+    budget.seconds = 100.0
+    budget._started = 0.0
+    budget.clock = 5.0
+    assert budget.warmup_progress(step=5, warmup_steps=200) == pytest.approx(0.5)  # by time
+    assert budget.progress(step=5, warmup_steps=200) == 0.0
+    budget.clock = 10.0  # 10% of the budget: the warmup is over at step 10 of 200
+    assert budget.warmup_progress(step=10, warmup_steps=200) == 1.0
+    assert budget.warmup_end == 10.0
+    budget.clock = 55.0
+    assert budget.progress(step=55, warmup_steps=200) == pytest.approx(45.0 / 90.0)
+    factor = lr_factor(55, 200, "linear", None, 0.5, warmup_progress=1.0)
+    assert factor == pytest.approx(0.5)  # decaying, not still warming up at 55/200
+    assert lr_factor(5, 200, "linear", None, 0.0, warmup_progress=0.5) == pytest.approx(0.5)
+
+
+def test_a_step_budget_caps_the_warmup_at_its_fraction() -> None:
+    budget = TrainingBudget(max_warmup_fraction=0.1)
+    assert budget.capped_warmup(400, 600) == 60
+    assert budget.capped_warmup(40, 600) == 40  # a short warmup is kept
+    assert budget.capped_warmup(400, None) == 400  # no step horizon (inverse_sqrt)
+    assert budget.capped_warmup(400, 5) == 1
+    with pytest.raises(ValueError, match=r"budget\.max_warmup_fraction must be in \[0, 1\)"):
+        TrainingBudget(max_warmup_fraction=1.5)
+
+
 def test_budget_state_survives_a_checkpoint() -> None:
     budget = VirtualClockBudget(step_seconds=1.0)
     budget._started = 0.0
@@ -91,7 +129,9 @@ def test_budget_state_survives_a_checkpoint() -> None:
     assert (restored.elapsed(), restored.warmup_end, restored.last_validation) == (30.0, 12.0, 4.0)
 
 
-def _budget_run(tmp_path: Path, step_seconds: float) -> tuple[dict[str, Any], list[float]]:
+def _budget_run(
+    tmp_path: Path, step_seconds: float, warmup_steps: int = 5
+) -> tuple[dict[str, Any], list[float]]:
     cfg = compose_train(
         tmp_path,
         [
@@ -100,7 +140,7 @@ def _budget_run(tmp_path: Path, step_seconds: float) -> tuple[dict[str, Any], li
             "trainer.max_time=00:02:00:00",  # the budget: 7,200 virtual seconds
             "trainer.log_every_n_steps=1",
             "module.lr_schedule=linear",
-            "module.warmup_steps=5",
+            f"module.warmup_steps={warmup_steps}",
             "optimizer.lr=1e-3",
             "+callbacks.budget._target_=test_budget.VirtualClockBudget",
             f"+callbacks.budget.step_seconds={step_seconds}",
@@ -143,3 +183,17 @@ def test_multi30k_presets_state_their_budget_in_wall_clock(tmp_path: Path, prese
     assert cfg.trainer.max_time == "00:01:00:00"
     assert cfg.trainer.max_epochs is None and cfg.trainer.max_steps == -1  # no epoch horizon
     assert cfg.module.lr_schedule == "linear"
+
+
+def test_a_budget_shorter_than_the_warmup_still_peaks_and_anneals(tmp_path: Path) -> None:
+    """warmup_steps=1000 in a budget of ~110 steps: the warmup ends at 10% of the time."""
+    last, lrs = _budget_run(tmp_path, step_seconds=60.0, warmup_steps=1000)
+    peak = lrs.index(max(lrs))
+    assert max(lrs) == pytest.approx(1e-3)  # the peak is reached, not 1e-3 * 110/1000
+    # The warmup ends by 10% of the budget's time (720 s): within the first 12 steps of 60 s
+    # (validations take clock time too), where warmup_steps alone would rise for 1,000 steps.
+    assert 1 <= peak <= 12
+    assert all(a < b for a, b in itertools.pairwise(lrs[: peak + 1]))
+    assert lrs[-1] < 0.05 * 1e-3
+    assert all(a >= b for a, b in itertools.pairwise(lrs[peak:]))
+    assert last["global_step"] < 1000

@@ -11,9 +11,13 @@ machine or a slow one:
   does for ``max_time``), keeps it in checkpoints, and so continues the count on resume;
 - the ``linear``/``cosine`` schedules decay by the fraction of the budget used since the warmup
   ended (:func:`transformer_mt.training.schedules.lr_factor`);
-- it stops training early enough for the last validation to finish inside the budget (it
-  reserves the duration of the latest validation), so the annealed weights are validated,
-  checkpointed and tested.
+- the warmup ends after ``warmup_steps`` or after ``max_warmup_fraction`` of the budget,
+  whichever comes first, so a budget shorter than the warmup still reaches its peak and decays
+  (a short sweep trial is then a fair proxy for a long run instead of stopping mid-warmup);
+- it stops training early enough for the last validation to finish inside the budget: from the
+  start it reserves ``initial_reserve`` of the budget (no validation has been timed yet, and
+  the final one may be the first), then the duration of the latest validation, so the
+  annealed weights are validated, checkpointed and tested.
 
 Without ``trainer.max_time`` it does nothing: step and epoch budgets are exact (and resume
 bit-identically); a time budget cannot be, since no two runs see the same clock.
@@ -42,10 +46,29 @@ class TrainingBudget(Callback):
     Args:
         reserve_validation: stop when the time left is less than the latest validation took,
             so that the final validation (of the fully annealed weights) ends inside the budget.
+        max_warmup_fraction: the warmup ends at this fraction of the budget at the latest
+            (of the seconds for ``trainer.max_time``, of the steps for a step or epoch budget
+            of a decaying schedule), however many ``warmup_steps`` were asked for.
+        initial_reserve: fraction of a wall-clock budget kept for the final validation until
+            a validation has been timed.
     """
 
-    def __init__(self, reserve_validation: bool = True) -> None:
+    def __init__(
+        self,
+        reserve_validation: bool = True,
+        *,
+        max_warmup_fraction: float = 0.1,
+        initial_reserve: float = 0.05,
+    ) -> None:
+        for name, value in (
+            ("max_warmup_fraction", max_warmup_fraction),
+            ("initial_reserve", initial_reserve),
+        ):
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"budget.{name} must be in [0, 1), got {value}")
         self.reserve_validation = reserve_validation
+        self.max_warmup_fraction = max_warmup_fraction
+        self.initial_reserve = initial_reserve
         self.seconds: float | None = None  # the budget; None = no wall-clock budget
         self.elapsed_before = 0.0  # training seconds of earlier parts of a resumed run
         self.warmup_end: float | None = None  # training seconds when the warmup ended
@@ -70,23 +93,50 @@ class TrainingBudget(Callback):
         """Seconds at which the decay reaches zero: the budget less the validation reserve."""
         if self.seconds is None:
             return None
-        reserve = self.last_validation if self.reserve_validation else 0.0
+        reserve = 0.0
+        if self.reserve_validation:
+            timed = self.last_validation > 0.0
+            reserve = self.last_validation if timed else self.initial_reserve * self.seconds
         return max(self.seconds - reserve, 0.0)
+
+    def capped_warmup(self, warmup_steps: int, total_steps: int | None) -> int:
+        """``warmup_steps``, at most ``max_warmup_fraction`` of a step budget (and at least 1)."""
+        if total_steps is None or self.max_warmup_fraction <= 0.0:
+            return warmup_steps
+        return max(min(warmup_steps, int(self.max_warmup_fraction * total_steps)), 1)
+
+    def warmup_progress(self, step: int, warmup_steps: int) -> float:
+        """Fraction of the warmup done at ``step`` (from 1); 1.0 once the warmup is over.
+
+        With a wall-clock budget the warmup also ends when ``max_warmup_fraction`` of the
+        horizon has passed, and the fraction done is whichever of steps and time is further.
+        The first call past the warmup records when it ended, so the decay spans exactly the
+        time left after it.
+        """
+        by_steps = min(step / max(warmup_steps, 1), 1.0)
+        horizon = self.horizon()
+        if self.warmup_end is not None or horizon is None:
+            return 1.0 if self.warmup_end is not None else by_steps
+        now = self.elapsed()
+        cap = self.max_warmup_fraction * horizon
+        by_time = now / cap if cap > 0.0 else 0.0
+        if step > warmup_steps or by_time >= 1.0:
+            self.warmup_end = now
+            return 1.0
+        return min(max(by_steps, by_time), 1.0)
 
     def progress(self, step: int, warmup_steps: int) -> float | None:
         """Fraction of the budget used since the warmup ended (0 during warmup); None: no budget.
 
-        ``step`` counts optimizer steps from 1. The first call past the warmup records when it
-        ended, so the decay spans exactly the time left after it.
+        ``step`` counts optimizer steps from 1.
         """
         horizon = self.horizon()
         if horizon is None:
             return None
-        if step <= warmup_steps:
+        self.warmup_progress(step, warmup_steps)  # records the end of the warmup
+        if self.warmup_end is None:
             return 0.0
         now = self.elapsed()
-        if self.warmup_end is None:
-            self.warmup_end = now
         span = horizon - self.warmup_end
         if span <= 0.0:
             return 1.0

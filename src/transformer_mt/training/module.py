@@ -168,17 +168,24 @@ class TranslationModule(pl.LightningModule):
             optimizer = self.optimizer_factory(self.parameters())
         warmup = int(self.hparams.warmup_steps)
         schedule = str(self.hparams.get("lr_schedule", "inverse_sqrt"))
-        total = self._planned_steps() if schedule != "inverse_sqrt" else None
+        total = self.planned_steps() if schedule != "inverse_sqrt" else None
         # A wall-clock budget (trainer.max_time) is a horizon too: see training/budget.py.
         budget = find_budget(self._trainer)  # progress() is None without trainer.max_time
+        timed = budget is not None and budget.seconds is not None
+        if budget is not None:
+            # A budget shorter than the warmup would stop while the lr is still rising.
+            warmup = budget.capped_warmup(warmup, total)
 
         def factor(step: int) -> float:
             # LambdaLR counts from 0 before the first step; the paper's counter starts at 1.
-            progress = budget.progress(step + 1, warmup) if budget is not None else None
-            return lr_factor(step + 1, warmup, schedule, total, progress)
+            if not timed:
+                return lr_factor(step + 1, warmup, schedule, total)
+            assert budget is not None
+            progress = budget.progress(step + 1, warmup)
+            warm = budget.warmup_progress(step + 1, warmup)
+            return lr_factor(step + 1, warmup, schedule, total, progress, warmup_progress=warm)
 
         # A run without any budget fails here, before training.
-        timed = budget is not None and budget.seconds is not None
         lr_factor(1, warmup, schedule, total, 0.0 if timed else None)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {
@@ -186,7 +193,7 @@ class TranslationModule(pl.LightningModule):
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
         }
 
-    def _planned_steps(self) -> int | None:
+    def planned_steps(self) -> int | None:
         """Optimizer steps this fit will take: ``max_steps`` or ``max_epochs`` x steps/epoch.
 
         Counted from the data module's batch sampler rather than Lightning's

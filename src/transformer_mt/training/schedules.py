@@ -38,6 +38,8 @@ def lr_factor(
     schedule: str,
     total_steps: int | None,
     time_progress: float | None = None,
+    *,
+    warmup_progress: float | None = None,
 ) -> float:
     """Learning-rate factor (peak 1.0) at optimizer step ``step`` (counted from 1).
 
@@ -57,6 +59,9 @@ def lr_factor(
         time_progress: the fraction of a wall-clock budget (``trainer.max_time``) used since
             the warmup ended, or ``None`` (see :class:`transformer_mt.training.budget.TrainingBudget`).
             With both budgets the decay follows whichever runs out first.
+        warmup_progress: the fraction of the warmup done, from a wall-clock budget that may
+            end the warmup before ``warmup_steps`` (:meth:`TrainingBudget.warmup_progress`);
+            1.0 once it is over; ``None`` means ``step / warmup_steps``.
     """
     if schedule == "inverse_sqrt":
         return inverse_sqrt_schedule(step, warmup_steps)
@@ -71,8 +76,10 @@ def lr_factor(
             "trainer.max_steps"
         )
     step = max(step, 1)
-    if step <= warmup_steps:
-        return step / max(warmup_steps, 1)
+    if warmup_progress is None:
+        warmup_progress = step / warmup_steps if warmup_steps > 0 else 1.0
+    if warmup_progress < 1.0:
+        return warmup_progress
     progress = 0.0 if time_progress is None else time_progress
     if steps_known:
         assert total_steps is not None
