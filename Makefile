@@ -14,7 +14,7 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[dev,export]"
+	$(BIN)/pip install --quiet -e ".[dev,export,serve]"
 	@touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv with the package and dev tools

@@ -8,7 +8,7 @@ Writes three PNG grids (rows = layers, columns = heads) with tokens on the axes:
 ``cross.png`` (output x source: which source tokens each output token looks at; the German
 verb-final "hat" should look at "has"). The sentence is translated greedily, then one
 teacher-forced forward pass over the source and the generated output records every weight
-(``transformer_mt.model.attention.record_attention_weights``: the explicit attention math on
+(``transformer_mt.inference.attention_maps.record_maps``: the explicit attention math on
 each layer's inputs, collected by forward hooks).
 """
 
@@ -25,32 +25,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
+from transformer_mt.inference.attention_maps import KINDS, record_maps
 from transformer_mt.inference.search import SearchConfig, generate
 from transformer_mt.inference.translate import resolve_device
-from transformer_mt.model.attention import record_attention_weights
-
-
-def token_labels(loaded: LoadedModel, ids: list[int], side: str) -> list[str]:
-    """Readable text of each subword.
-
-    Byte-level BPE may split one character over two pieces (``Ä`` = bytes C3 84); decoding
-    the growing prefix shows the character on the piece that completes it and ``·`` on the
-    piece before.
-    """
-    tok = loaded.tokenizer
-    special = {tok.pad_id: "<pad>", tok.bos_id: "<bos>", tok.eos_id: "<eos>", tok.unk_id: "<unk>"}
-    hf = tok.src if side == "src" else tok.tgt
-    labels, words, previous = [], [], ""
-    for i in ids:
-        if i in special:
-            labels.append(special[i])
-            continue
-        words.append(i)
-        text = hf.decode(words, skip_special_tokens=True).rstrip("\ufffd")
-        piece = text[len(previous) :] if text.startswith(previous) else hf.decode([i])
-        previous = text
-        labels.append(piece.strip() or ("␣" if piece else "·"))
-    return labels
 
 
 @torch.no_grad()
@@ -65,34 +42,16 @@ def attention_maps(
         per layer; output labels name the token predicted at each decoder position, input
         labels the token fed there (``<bos>`` + output).
     """
-    model, tok = loaded.model, loaded.tokenizer
-    device = loaded.device
-    src_ids = [*tok.encode_src_batch([sentence])[0][: loaded.config.max_len - 1], tok.eos_id]
-    src = torch.tensor([src_ids], device=device)  # (1, S)
+    tok = loaded.tokenizer
+    src_ids = tok.encode_src_batch([sentence])[0][: loaded.config.max_len - 1]
+    src = torch.tensor([[*src_ids, tok.eos_id]], device=loaded.device)  # (1, S)
     search = SearchConfig(beam_size=1, max_len_b=max_len_b)
-    out = generate(model, src, tok.bos_id, tok.eos_id, search)[0].tolist()
-    out = out[: out.index(tok.eos_id) + 1] if tok.eos_id in out else out
-    tgt_in = torch.tensor([[tok.bos_id, *out[:-1]]], device=device)  # (1, T)
-    with record_attention_weights(model) as records:
-        model(src, tgt_in)
-
-    def layers(stack: str, kind: str, n: int) -> list[torch.Tensor]:
-        return [records[f"{stack}.layers.{i}.{kind}"][0][0].cpu() for i in range(n)]  # (H, ., .)
-
-    n_enc, n_dec = len(model.encoder.layers), len(model.decoder.layers)
-    maps = {
-        "encoder_self": layers("encoder", "self_attn", n_enc),
-        "decoder_self": layers("decoder", "self_attn", n_dec),
-        "cross": layers("decoder", "cross_attn", n_dec),
-    }
+    out = generate(loaded.model, src, tok.bos_id, tok.eos_id, search)[0].tolist()
+    out = out[: out.index(tok.eos_id)] if tok.eos_id in out else out
+    maps = record_maps(loaded, src_ids, out)
+    weights = {kind: getattr(maps, kind) for kind in KINDS}
     translation = tok.decode_tgt_batch([out])[0]
-    return (
-        token_labels(loaded, src_ids, "src"),
-        token_labels(loaded, out, "tgt"),
-        token_labels(loaded, [tok.bos_id, *out[:-1]], "tgt"),
-        maps,
-        translation,
-    )
+    return maps.src_labels, maps.out_labels, maps.in_labels, weights, translation
 
 
 def plot_grid(

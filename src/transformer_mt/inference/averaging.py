@@ -106,7 +106,7 @@ class CheckpointInfo:
     score: float | None
 
 
-def _score_from_callbacks(checkpoint: dict[str, Any]) -> float | None:
+def stored_val_bleu(checkpoint: dict[str, Any]) -> float | None:
     """``val/bleu`` of this checkpoint as ModelCheckpoint recorded it (``current_score``)."""
     for key, state in (checkpoint.get("callbacks") or {}).items():
         if str(key).startswith("ModelCheckpoint") and isinstance(state, dict):
@@ -143,7 +143,7 @@ def run_checkpoints(run_dir: str | os.PathLike[str]) -> list[CheckpointInfo]:
             if step is None and checkpoint.get("global_step") is not None:
                 step = int(checkpoint["global_step"])
             if score is None:
-                score = _score_from_callbacks(checkpoint)
+                score = stored_val_bleu(checkpoint)
         infos.append(CheckpointInfo(path, step, score))
     # One file per step: last.ckpt and the "best" and "recent" callbacks may save one step
     # twice; prefer a named file, and one whose score is known.

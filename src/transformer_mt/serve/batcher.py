@@ -1,0 +1,187 @@
+"""Request batching: concurrent requests share engine calls, each caller gets its own lines back.
+
+A request is a :class:`Job` (its lines, its decoding options, its source-token count and a
+future). One asyncio task takes the oldest job, then keeps taking jobs for a short window
+(``window_s``) while the batch stays within the token budget (``max_tokens``); jobs with equal
+options go into one engine call, in arrival order, and the outputs are cut back into one list
+per job. The engine runs in one worker thread, so the event loop keeps accepting requests (and
+filling the next batch) while a batch decodes.
+
+A caller that gives up (a time-out, a disconnected client) cancels its future: a job not yet
+started is dropped before the engine sees it, and the result of one already running is thrown
+away; either way the queue moves on. An engine error fails the jobs of that call only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: ``run(lines, options)`` -> one output per line, in order; blocking.
+RunBatch = Callable[[list[str], Any], list[Any]]
+
+
+class QueueFull(RuntimeError):
+    """More sentences are waiting than the service accepts; the client should retry later."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One request: its lines, its options (hashable) and its source tokens."""
+
+    lines: list[str]
+    options: Hashable
+    tokens: int
+    future: asyncio.Future[list[Any]] = field(repr=False)
+
+
+class Batcher:
+    """Collects jobs into batches and runs them on one worker thread.
+
+    Args:
+        run: the engine call, ``run(lines, options) -> outputs``.
+        max_tokens: source tokens per batch (a larger job runs alone; the engine splits it).
+        window_s: how long the first job of a batch waits for others to join (0: only the
+            jobs already queued join).
+        max_pending: sentences waiting at most; :meth:`submit` raises :class:`QueueFull` past it.
+    """
+
+    def __init__(
+        self,
+        run: RunBatch,
+        *,
+        max_tokens: int = 4096,
+        window_s: float = 0.005,
+        max_pending: int = 4096,
+    ) -> None:
+        if max_tokens < 1 or window_s < 0 or max_pending < 1:
+            raise ValueError(
+                f"max_tokens={max_tokens}, window_s={window_s}, max_pending={max_pending}: "
+                "use max_tokens >= 1, window_s >= 0, max_pending >= 1"
+            )
+        self.run, self.max_tokens, self.window_s = run, max_tokens, window_s
+        self.max_pending = max_pending
+        self.pending = 0  # sentences queued, not yet taken into a batch
+        self.batches = 0  # engine calls so far
+        self._queue: collections.deque[Job] = collections.deque()
+        self._arrived = asyncio.Event()  # set when a job is queued
+        self._held: Job | None = None  # the job that did not fit the last batch
+        self._task: asyncio.Task[None] | None = None
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine")
+
+    def start(self) -> None:
+        """Start the batching task on the running loop (:meth:`submit` starts it too)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        """Stop taking batches; jobs still queued are cancelled."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        while self._queue:
+            self._queue.popleft().future.cancel()
+        self._worker.shutdown(wait=False)
+
+    async def submit(self, lines: list[str], options: Hashable, tokens: int) -> list[Any]:
+        """Queue ``lines`` and wait for their outputs (cancel the awaiting task to give up)."""
+        if self.pending + len(lines) > self.max_pending:
+            raise QueueFull(
+                f"{self.pending} sentences are waiting, the service queues at most "
+                f"{self.max_pending}; retry later"
+            )
+        self.start()
+        job = Job(lines, options, tokens, asyncio.get_running_loop().create_future())
+        self.pending += len(lines)
+        self._queue.append(job)
+        self._arrived.set()
+        return await job.future
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the worker thread, between batches (e.g. an attention pass)."""
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+
+    async def _loop(self) -> None:
+        while True:
+            jobs = await self._collect()
+            groups: dict[Hashable, list[Job]] = {}
+            for job in jobs:
+                groups.setdefault(job.options, []).append(job)
+            for options, group in groups.items():
+                await self._run_group(options, group)
+
+    async def _next(self, timeout: float | None) -> Job | None:
+        """The held-over job, else a queued one, waiting at most ``timeout`` (None: forever)."""
+        if self._held is not None:
+            job, self._held = self._held, None
+            return job
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while not self._queue:
+            # Waiting on an event, not on a queue get: a time-out can then never lose a job.
+            self._arrived.clear()
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return None
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except asyncio.TimeoutError:
+                return None
+        job = self._queue.popleft()
+        self.pending -= len(job.lines)
+        return job
+
+    async def _collect(self) -> list[Job]:
+        """The next batch: the oldest live job, then others within the window and budget."""
+        loop = asyncio.get_running_loop()
+        first = await self._next(None)
+        while first is not None and first.future.done():  # its caller has gone
+            first = await self._next(None)
+        assert first is not None
+        jobs, tokens = [first], first.tokens
+        deadline = loop.time() + self.window_s
+        while tokens < self.max_tokens:
+            job = await self._next(deadline - loop.time())
+            if job is None:
+                break
+            if job.future.done():
+                continue
+            if tokens + job.tokens > self.max_tokens:
+                self._held = job  # first of the next batch
+                break
+            jobs.append(job)
+            tokens += job.tokens
+        return jobs
+
+    async def _run_group(self, options: Hashable, jobs: list[Job]) -> None:
+        jobs = [job for job in jobs if not job.future.done()]
+        if not jobs:
+            return
+        lines = [line for job in jobs for line in job.lines]
+        self.batches += 1
+        try:
+            outputs = await self.call(self.run, lines, options)
+            if len(outputs) != len(lines):
+                raise RuntimeError(f"the engine returned {len(outputs)} outputs for {len(lines)}")
+        except Exception as err:
+            log.exception("engine call on %d sentences failed", len(lines))
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(err)
+            return
+        start = 0
+        for job in jobs:
+            part = outputs[start : start + len(job.lines)]
+            start += len(job.lines)
+            if not job.future.done():
+                job.future.set_result(part)

@@ -1,0 +1,234 @@
+// The attention page: translate one sentence, then draw the weights POST /attention returns.
+// Plain DOM, no libraries: the page must work offline, served by transformer-mt-serve alone.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+
+// A source piece counts as attended when its weight is at least this share of the row's largest.
+const ATTENDED_SHARE = 0.5;
+
+// Viridis, sampled at five stops: a perceptually even ramp from 0 (dark) to 1 (bright).
+const RAMP = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+
+const state = { maps: null, activeRow: null };
+
+function color(weight) {
+  const x = Math.min(Math.max(weight, 0), 1) * (RAMP.length - 1);
+  const i = Math.min(Math.floor(x), RAMP.length - 2);
+  const f = x - i;
+  const rgb = RAMP[i].map((c, k) => Math.round(c + f * (RAMP[i + 1][k] - c)));
+  return `rgb(${rgb.join(",")})`;
+}
+
+function showError(message) {
+  const box = $("error");
+  box.textContent = message || "";
+  box.hidden = !message;
+}
+
+async function post(path, body) {
+  const response = await fetch(path, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify(body),
+  });
+  const data = await response.json().catch(() => ({ error: `HTTP ${response.status}` }));
+  if (!response.ok) throw new Error(data.error || `HTTP ${response.status}`);
+  return data;
+}
+
+function options() {
+  const beam = parseInt($("beam").value, 10);
+  return Number.isFinite(beam) ? { beam_size: beam } : {};
+}
+
+async function busy(label, work) {
+  const buttons = [$("translate"), $("attend")];
+  buttons.forEach((b) => (b.disabled = true));
+  $("status").textContent = label;
+  showError("");
+  try {
+    await work();
+    $("status").textContent = "";
+  } catch (err) {
+    $("status").textContent = "";
+    showError(err.message);
+  } finally {
+    buttons.forEach((b) => (b.disabled = false));
+  }
+}
+
+async function translate() {
+  const text = $("source").value.trim();
+  if (!text) return showError("Type a sentence to translate.");
+  await busy("translating…", async () => {
+    const result = await post("/translate", { text: [text], ...options() });
+    $("output").value = result.translations[0];
+    await attend(text, result.translations[0]);
+  });
+}
+
+async function attend(text, translation) {
+  $("status").textContent = "recording attention…";
+  state.maps = await post("/attention", { text, translation });
+  state.activeRow = null;
+  fillSelectors();
+  $("attention").hidden = false;
+  render();
+}
+
+function fillSelectors() {
+  const maps = state.maps;
+  const fill = (select, n, extra) => {
+    const keep = select.value;
+    select.replaceChildren();
+    if (extra) select.add(new Option(extra[1], extra[0]));
+    for (let i = 0; i < n; i++) select.add(new Option(String(i), String(i)));
+    if ([...select.options].some((o) => o.value === keep)) select.value = keep;
+  };
+  fill($("layer"), maps.cross.length);
+  fill($("head"), maps.n_heads, ["all", "all heads"]);
+  if (!$("head").dataset.touched) $("head").value = "0";
+}
+
+// Rows and columns of each kind: the queries and the keys of that attention.
+function axes(kind) {
+  const m = state.maps;
+  if (kind === "encoder_self") return [m.source_tokens, m.source_tokens];
+  if (kind === "decoder_self") return [m.output_tokens, m.input_tokens];
+  return [m.output_tokens, m.source_tokens];
+}
+
+function heads() {
+  const choice = $("head").value;
+  return choice === "all" ? [...Array(state.maps.n_heads).keys()] : [parseInt(choice, 10)];
+}
+
+function render() {
+  const kind = $("kind").value;
+  const layer = parseInt($("layer").value, 10);
+  const [rows, cols] = axes(kind);
+  const figures = heads().map((head) => heatmap(kind, layer, head, rows, cols));
+  $("maps").replaceChildren(...figures);
+  strips();
+  highlight(state.activeRow);
+}
+
+function heatmap(kind, layer, head, rows, cols) {
+  const weights = state.maps[kind][layer][head];
+  const figure = document.createElement("figure");
+  figure.className = "map";
+  const caption = document.createElement("figcaption");
+  caption.textContent = `layer ${layer} · head ${head}`;
+  const table = document.createElement("table");
+  Object.assign(table.dataset, { kind, layer, head });
+  table.className = "heatmap";
+  const head_row = table.createTHead().insertRow();
+  head_row.appendChild(document.createElement("th"));
+  cols.forEach((label, j) => {
+    const th = document.createElement("th");
+    th.textContent = label;
+    th.dataset.col = j;
+    head_row.appendChild(th);
+  });
+  const body = table.createTBody();
+  rows.forEach((label, i) => {
+    const tr = body.insertRow();
+    tr.dataset.row = i;
+    const th = document.createElement("th");
+    th.textContent = label;
+    if (kind === "cross") th.addEventListener("mouseenter", () => highlight(i));
+    tr.appendChild(th);
+    weights[i].forEach((w, j) => {
+      const td = tr.insertCell();
+      td.style.background = color(w);
+      td.title = `${label} → ${cols[j]}: ${w.toFixed(3)}`;
+    });
+  });
+  figure.append(caption, table);
+  return figure;
+}
+
+function strips() {
+  const m = state.maps;
+  const make = (labels, cls, hover) =>
+    labels.map((label, i) => {
+      const span = document.createElement("span");
+      span.className = `token ${cls}`;
+      span.textContent = label;
+      span.dataset.index = i;
+      if (hover) span.addEventListener("mouseenter", () => highlight(i));
+      return span;
+    });
+  $("out-strip").replaceChildren(...make(m.output_tokens, "out-token", true));
+  $("src-strip").replaceChildren(...make(m.source_tokens, "src-token", false));
+}
+
+// Cross-attention of output piece `row` over the source: the chosen head, or the heads' mean.
+function crossRow(row) {
+  const layer = parseInt($("layer").value, 10);
+  const chosen = heads();
+  const per_head = chosen.map((h) => state.maps.cross[layer][h][row]);
+  return per_head[0].map((_, j) => per_head.reduce((s, w) => s + w[j], 0) / per_head.length);
+}
+
+function highlight(row) {
+  state.activeRow = row;
+  document.querySelectorAll(".out-token").forEach((el) => {
+    el.classList.toggle("active", row !== null && Number(el.dataset.index) === row);
+  });
+  document.querySelectorAll("table.heatmap tbody tr").forEach((tr) => {
+    tr.classList.toggle("active", row !== null && Number(tr.dataset.row) === row);
+  });
+  const weights = row === null ? null : crossRow(row);
+  const top = weights ? Math.max(...weights) : 0;
+  const mark = (el, j) => {
+    const w = weights ? weights[j] : 0;
+    el.classList.toggle("attended", weights !== null && w >= ATTENDED_SHARE * top);
+    return w;
+  };
+  document.querySelectorAll(".src-token").forEach((el) => {
+    const w = mark(el, Number(el.dataset.index));
+    el.style.background = weights ? `rgba(var(--glow), ${(w / top).toFixed(3)})` : "white";
+  });
+  document.querySelectorAll('table.heatmap[data-kind="cross"] thead th[data-col]').forEach((th) => {
+    mark(th, Number(th.dataset.col));
+  });
+}
+
+async function loadModel() {
+  try {
+    const response = await fetch("/model");
+    const info = await response.json();
+    const bleu = info.val_bleu == null ? "" : `, validation BLEU ${info.val_bleu.toFixed(2)}`;
+    const params = (info.parameters / 1e6).toFixed(info.parameters < 1e6 ? 3 : 1);
+    $("model-info").textContent =
+      `${info.src_lang || "?"} → ${info.tgt_lang || "?"} · ${info.checkpoint} · ` +
+      `${params} M parameters · ${info.config.n_encoder_layers} + ${info.config.n_decoder_layers} ` +
+      `layers × ${info.config.n_heads} heads · engine ${info.engine}${bleu}`;
+    $("beam").value = info.decoding.beam_size;
+    $("beam").max = info.limits.max_beam;
+  } catch (err) {
+    $("model-info").textContent = `GET /model failed: ${err.message}`;
+  }
+}
+
+$("translate").addEventListener("click", translate);
+$("source").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey) {
+    event.preventDefault();
+    translate();
+  }
+});
+$("attend").addEventListener("click", () => {
+  const text = $("source").value.trim();
+  if (!text) return showError("Type a sentence first.");
+  busy("recording attention…", () => attend(text, $("output").value));
+});
+$("kind").addEventListener("change", render);
+$("layer").addEventListener("change", render);
+$("head").addEventListener("change", () => {
+  $("head").dataset.touched = "1";
+  render();
+});
+loadModel();

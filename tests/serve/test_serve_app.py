@@ -1,0 +1,294 @@
+"""transformer-mt-serve's HTTP API in process: answers equal transformer-mt-translate's, every
+bad request is a 4xx with one line of JSON and the service goes on, attention has the shapes and
+values of the model's own pass."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
+from fastapi.testclient import TestClient
+
+from transformer_mt.checkpoint import CHECKPOINT_KEY, load_model, save_checkpoint
+from transformer_mt.data.numbers import number_sentences
+from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.inference.attention_maps import record_maps
+from transformer_mt.inference.translate import main as translate_main
+from transformer_mt.model.transformer import ModelConfig, Transformer
+from transformer_mt.serve.app import create_app
+from transformer_mt.serve.engine import ServedModel
+from transformer_mt.serve.limits import Limits
+
+from conftest import tiny_config
+
+SOURCES, TARGETS = number_sentences(list(range(3, 900, 3)), "en", "de", seed=0)
+LINES = [*SOURCES[:5], "", "I ❤️ 🍎 apples, 日本語", "x" * 300]
+
+
+def write_tiny_checkpoint(path: Path) -> Path:
+    """A seeded, untrained tiny model with a real BPE tokenizer (numbers en->de).
+
+    Untrained, it runs to the length cap, so the stored decoding keeps outputs short.
+    """
+    torch.manual_seed(0)
+    tokenizer = Tokenizer.train([SOURCES], [TARGETS], vocab_size=300, src_lang="en", tgt_lang="de")
+    v = tokenizer.vocab_size
+    config: ModelConfig = tiny_config(src_vocab_size=v, tgt_vocab_size=v, max_len=80)
+    model = Transformer(config).eval()
+    checkpoint = {
+        "state_dict": {f"model.{k}": t for k, t in model.state_dict().items()},
+        "global_step": 0,
+        CHECKPOINT_KEY: {
+            "format": 1,
+            "model_config": config.to_dict(),
+            "tokenizer": tokenizer.to_json(),
+            "src_lang": "en",
+            "tgt_lang": "de",
+            "decoding": {"beam_size": 1, "length_penalty": 0.6, "max_len_a": 0.5, "max_len_b": 4},
+            "data": None,
+        },
+    }
+    return save_checkpoint(checkpoint, path)
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("serve") / "tiny.ckpt")
+
+
+@pytest.fixture(scope="module")
+def client(tiny_ckpt: Path) -> Any:
+    limits = Limits(max_sentences=16, max_chars=2000, max_beam=4)
+    with TestClient(create_app(ServedModel(tiny_ckpt), limits)) as client:
+        yield client
+
+
+def cli_translate(ckpt: Path, tmp_path: Path, lines: list[str], *args: str) -> list[str]:
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    assert translate_main(["--ckpt", str(ckpt), "-i", str(src), "-o", str(out), *args]) == 0
+    return out.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+@pytest.mark.parametrize(
+    ("options", "flags"),
+    [
+        ({}, []),
+        ({"beam_size": 3, "length_penalty": 1.0}, ["--beam-size", "3", "--length-penalty", "1.0"]),
+    ],
+)
+def test_translate_equals_the_translate_command(
+    client: Any, tiny_ckpt: Path, tmp_path: Path, options: dict, flags: list[str]
+) -> None:
+    expected = cli_translate(tiny_ckpt, tmp_path, LINES, *flags)
+    assert any(expected) and expected[5] == ""
+    whole = client.post("/translate", json={"text": LINES, **options})
+    assert whole.status_code == 200, whole.text
+    assert whole.json()["translations"] == expected
+    assert whole.json()["model"] == {
+        "checkpoint": "tiny.ckpt", "src_lang": "en", "tgt_lang": "de", "engine": "torch"
+    }  # fmt: skip
+    for line, want in zip(LINES[:3], expected):  # one sentence per request, as the page sends
+        alone = client.post("/translate", json={"text": [line], **options}).json()
+        assert alone["translations"] == [want]
+
+
+def test_ctranslate2_engine_equals_the_translate_command(tiny_ckpt: Path, tmp_path: Path) -> None:
+    pytest.importorskip("ctranslate2", reason="needs the export extra")
+    from transformer_mt.inference.export import export_ctranslate2, export_huggingface
+
+    ct2 = export_ctranslate2(export_huggingface(tiny_ckpt, tmp_path / "hf"), tmp_path / "ct2")
+    flags = ["--engine", "ctranslate2", "--ct2-model", str(ct2), "--compute-type", "int8"]
+    for options, extra in (({}, []), ({"beam_size": 2}, ["--beam-size", "2"])):
+        expected = cli_translate(tiny_ckpt, tmp_path, LINES, *flags, *extra)
+        model = ServedModel(tiny_ckpt, engine="ctranslate2", ct2_model=ct2, compute_type="int8")
+        with TestClient(create_app(model)) as client:
+            got = client.post("/translate", json={"text": LINES, **options}).json()
+            assert got["translations"] == expected
+            assert got["model"]["engine"] == "ctranslate2"
+            assert client.get("/model").json()["compute_type"] == "int8"
+
+
+BAD_REQUESTS = {
+    "not JSON": (b"{text: nope", 400, "not valid JSON"),
+    "not an object": (b'["a"]', 422, "body"),
+    "text missing": (b"{}", 422, "text is missing"),
+    "text not a list": (b'{"text": "one sentence"}', 422, "text"),
+    "a number in text": (b'{"text": ["a", 3]}', 422, "text.1"),
+    "empty list": (b'{"text": []}', 422, "empty list"),
+    "too many sentences": (json.dumps({"text": ["a"] * 17}).encode(), 413, "at most 16"),
+    "too many characters": (json.dumps({"text": ["a" * 1500] * 2}).encode(), 413, "at most 2000"),
+    "body too large": (json.dumps({"text": ["a" * 100_000]}).encode(), 413, "bytes"),
+    "beam size 0": (b'{"text": ["a"], "beam_size": 0}', 422, "beam_size must be 1..4"),
+    "beam size 5": (b'{"text": ["a"], "beam_size": 5}', 422, "beam_size must be 1..4"),
+    "beam size a string": (b'{"text": ["a"], "beam_size": "2"}', 422, "beam_size"),
+    "negative penalty": (b'{"text": ["a"], "length_penalty": -1}', 422, "length_penalty"),
+    "unknown option": (b'{"text": ["a"], "beam": 2}', 422, "unknown option 'beam'"),
+    "a path": (b'{"text": ["a"], "ckpt": "/etc/passwd"}', 422, "unknown option 'ckpt'"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_bad_requests_are_one_json_line_and_the_service_goes_on(client: Any, case: str) -> None:
+    body, status, words = BAD_REQUESTS[case]
+    response = client.post("/translate", content=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == status, response.text
+    assert list(response.json()) == ["error"] and "\n" not in response.json()["error"]
+    assert words in response.json()["error"]
+    assert response.text.count("\n") == 0
+    again = client.post("/translate", json={"text": [LINES[0]]})
+    assert again.status_code == 200 and len(again.json()["translations"]) == 1
+
+
+def test_unknown_route_and_method_are_json_errors(client: Any) -> None:
+    for response, status in ((client.get("/nothing"), 404), (client.get("/translate"), 405)):
+        assert response.status_code == status and list(response.json()) == ["error"]
+
+
+def test_model_health_docs_and_page(client: Any, tiny_ckpt: Path) -> None:
+    info = client.get("/model").json()
+    loaded = load_model(tiny_ckpt)
+    assert info["src_lang"] == "en" and info["tgt_lang"] == "de"
+    assert info["parameters"] == sum(p.numel() for p in loaded.model.parameters())
+    assert info["decoding"]["beam_size"] == 1 and info["decoding"]["length_penalty"] == 0.6
+    assert info["config"]["n_heads"] == 4 and info["limits"]["max_beam"] == 4
+    assert client.get("/health").json()["status"] == "ok"
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/translate", "/attention", "/model", "/health"} <= set(paths)
+    assert client.get("/docs").status_code == 200
+    page = client.get("/")
+    assert page.status_code == 200 and 'id="source"' in page.text
+    # The page loads nothing from another host: it must work offline.
+    for name in ("/", "/static/app.js", "/static/style.css"):
+        text = client.get(name).text
+        assert "http://" not in text and "https://" not in text and "//cdn" not in text, name
+
+
+def test_attention_is_the_models_own_teacher_forced_pass(client: Any, tiny_ckpt: Path) -> None:
+    source = LINES[0]
+    translation = client.post("/translate", json={"text": [source]}).json()["translations"][0]
+    got = client.post("/attention", json={"text": source}).json()
+    assert got["translation"] == translation  # default: attend over the model's own output
+    loaded = load_model(tiny_ckpt)
+    tok = loaded.tokenizer
+    maps = record_maps(
+        loaded, tok.encode_src_batch([source])[0], tok.encode_tgt_batch([translation])[0]
+    )
+    S, T = len(maps.src_labels), len(maps.out_labels)
+    assert got["source_tokens"] == maps.src_labels and got["output_tokens"] == maps.out_labels
+    assert got["source_tokens"][-1] == "<eos>" and got["input_tokens"][0] == "<bos>"
+    for kind, shape in (("encoder_self", (S, S)), ("decoder_self", (T, T)), ("cross", (T, S))):
+        assert len(got[kind]) == loaded.config.n_decoder_layers
+        for layer, weights in enumerate(got[kind]):
+            expected = getattr(maps, kind)[layer]
+            assert expected.shape == (4, *shape)
+            torch.testing.assert_close(torch.tensor(weights), expected, atol=5e-4, rtol=0)
+    # Any output may be attended over (forced decoding of the user's own translation).
+    own = client.post("/attention", json={"text": source, "translation": "Hallo Welt"}).json()
+    assert own["translation"] == "Hallo Welt"
+    assert len(own["cross"][0][0]) == len(own["output_tokens"])
+
+
+class BlockingModel:
+    """A stand-in for ServedModel whose engine calls wait for the test's signal."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def translate(self, lines: list[str], options: Any) -> list[str]:
+        self.calls.append(list(lines))
+        self.entered.set()
+        assert self.release.wait(30), "the test never released the engine"
+        return [line.upper() for line in lines]
+
+    def source_tokens(self, lines: list[str]) -> int:
+        return len(lines)
+
+    def info(self) -> dict[str, Any]:
+        return {"checkpoint": "-", "src_lang": "en", "tgt_lang": "de", "engine": "fake"}
+
+
+def test_a_timed_out_request_does_not_block_the_queue() -> None:
+    """The engine is held busy by the first request, so the second one times out whatever the
+    machine's speed; once released, the queue goes on and the dropped job never runs."""
+    model = BlockingModel()
+    app = create_app(model, Limits(timeout_s=0.2, window_ms=0))  # type: ignore[arg-type]
+    with TestClient(app) as client:
+        first: dict[str, Any] = {}
+        worker = threading.Thread(
+            target=lambda: first.update(r=client.post("/translate", json={"text": ["one"]}))
+        )
+        worker.start()
+        assert model.entered.wait(30)
+        late = client.post("/translate", json={"text": ["two"]})
+        assert late.status_code == 504 and "no answer within 0.2 s" in late.json()["error"]
+        model.release.set()
+        worker.join(30)
+        assert first["r"].json()["translations"] == ["ONE"]
+        after = client.post("/translate", json={"text": ["three"]})
+        assert after.json()["translations"] == ["THREE"]
+    assert model.calls == [["one"], ["three"]]
+
+
+def test_a_disconnected_client_does_not_block_the_queue() -> None:
+    """Drive the ASGI app directly: the second client disconnects while the first request
+    holds the engine; its job is dropped, and the next request is answered."""
+    model = BlockingModel()
+    app = create_app(model, Limits(window_ms=0))  # type: ignore[arg-type]
+
+    async def request(text: str, gone: asyncio.Event | None = None) -> list[dict]:
+        body = json.dumps({"text": [text]}).encode()
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            if messages:
+                return messages.pop(0)
+            if gone is not None:
+                await gone.wait()
+            else:
+                await asyncio.Event().wait()  # connected until the task ends
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": "/translate", "raw_path": b"/translate", "query_string": b"",
+            "root_path": "", "headers": [(b"content-type", b"application/json"),
+                                         (b"content-length", str(len(body)).encode())],
+            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+        }  # fmt: skip
+        await app(scope, receive, send)
+        return sent
+
+    def answer(sent: list[dict]) -> Any:
+        return json.loads(b"".join(m.get("body", b"") for m in sent if "body" in m))
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(request("one"))
+        await loop.run_in_executor(None, model.entered.wait, 30)
+        gone = asyncio.Event()
+        second = asyncio.ensure_future(request("two", gone))
+        while app.state.service.batcher.pending == 0:  # "two" is queued
+            await asyncio.sleep(0)
+        gone.set()
+        assert answer(await second)["error"] == "the client closed the connection"
+        model.release.set()
+        assert answer(await first)["translations"] == ["ONE"]
+        assert answer(await request("three"))["translations"] == ["THREE"]
+        await app.state.service.batcher.stop()
+
+    asyncio.run(scenario())
+    assert model.calls == [["one"], ["three"]]

@@ -1,0 +1,170 @@
+"""The service's batcher, driven directly with asyncio: which jobs share an engine call is decided
+by what is queued and by controlled events, never by the machine's speed."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from transformer_mt.serve.batcher import Batcher, QueueFull
+
+
+class Engine:
+    """Records each call; a call whose lines include ``"hold"`` waits for :attr:`release`."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], Any]] = []
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, lines: list[str], options: Any) -> list[str]:
+        self.calls.append((list(lines), options))
+        if "hold" in lines:
+            self.holding.set()
+            assert self.release.wait(30), "the test never released the engine"
+        if "boom" in lines:
+            raise RuntimeError("the engine failed")
+        return [f"{line}:{options}" for line in lines]
+
+
+async def held(batcher: Batcher, engine: Engine) -> asyncio.Future:
+    """Start a job that holds the engine busy, and wait until it does."""
+    job = asyncio.ensure_future(batcher.submit(["hold"], "a", 1))
+    await asyncio.get_running_loop().run_in_executor(None, engine.holding.wait, 30)
+    return job
+
+
+def run(scenario: Any) -> None:
+    asyncio.run(scenario())
+
+
+def test_queued_requests_share_one_call_and_each_gets_its_own_lines_in_order() -> None:
+    engine = Engine()
+
+    async def scenario() -> None:
+        batcher = Batcher(engine, max_tokens=100, window_s=0)
+        # All three are queued before the batching task first runs.
+        jobs = [batcher.submit(lines, "a", len(lines)) for lines in (["x", "y"], ["z"], ["w"])]
+        results = await asyncio.gather(*jobs)
+        assert results == [["x:a", "y:a"], ["z:a"], ["w:a"]]
+        assert batcher.batches == 1
+        await batcher.stop()
+
+    run(scenario)
+    assert engine.calls == [(["x", "y", "z", "w"], "a")]
+
+
+def test_the_token_budget_cuts_batches_and_a_large_job_runs_alone() -> None:
+    engine = Engine()
+
+    async def scenario() -> None:
+        batcher = Batcher(engine, max_tokens=6, window_s=0)
+        sizes = {"p": 3, "q": 3, "r": 3, "big": 50, "s": 1}
+        results = await asyncio.gather(*(batcher.submit([k], "a", v) for k, v in sizes.items()))
+        assert [r[0] for r in results] == [f"{k}:a" for k in sizes]
+        await batcher.stop()
+
+    run(scenario)
+    assert [lines for lines, _ in engine.calls] == [["p", "q"], ["r"], ["big"], ["s"]]
+
+
+def test_only_requests_with_equal_options_share_a_call() -> None:
+    engine = Engine()
+
+    async def scenario() -> None:
+        batcher = Batcher(engine, max_tokens=100, window_s=0)
+        keys = ["beam1", "beam4", "beam1", "beam4", "beam1"]
+        results = await asyncio.gather(
+            *(batcher.submit([str(i)], k, 1) for i, k in enumerate(keys))
+        )
+        assert [r[0] for r in results] == [f"{i}:{k}" for i, k in enumerate(keys)]
+        await batcher.stop()
+
+    run(scenario)
+    assert engine.calls == [(["0", "2", "4"], "beam1"), (["1", "3"], "beam4")]
+
+
+def test_a_request_arriving_within_the_window_joins_the_batch() -> None:
+    """The first job waits for company; the second fills the budget, so no clock decides."""
+    engine = Engine()
+
+    async def scenario() -> None:
+        batcher = Batcher(engine, max_tokens=2, window_s=3600)
+        first = asyncio.ensure_future(batcher.submit(["x"], "a", 1))
+        while batcher.pending == 0:  # "x" is queued ...
+            await asyncio.sleep(0)
+        while batcher.pending:  # ... and taken: the batching task waits in its window
+            await asyncio.sleep(0)
+        second = await batcher.submit(["y"], "a", 1)
+        assert await first == ["x:a"] and second == ["y:a"]
+        await batcher.stop()
+
+    run(scenario)
+    assert engine.calls == [(["x", "y"], "a")]
+
+
+def test_a_caller_that_gives_up_never_blocks_the_queue() -> None:
+    """A cancelled queued job is dropped before the engine sees it; the result of a running job
+    whose caller left is thrown away; later jobs are answered."""
+    engine = Engine()
+
+    async def scenario() -> None:
+        batcher = Batcher(engine, max_tokens=100, window_s=0)
+        running = await held(batcher, engine)
+        gone = asyncio.ensure_future(batcher.submit(["gone"], "a", 1))
+        stays = asyncio.ensure_future(batcher.submit(["stays"], "a", 1))
+        while batcher.pending < 2:
+            await asyncio.sleep(0)
+        gone.cancel()
+        running.cancel()  # its caller leaves while the engine works on it
+        engine.release.set()
+        assert await stays == ["stays:a"]
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert await batcher.submit(["next"], "a", 1) == ["next:a"]
+        await batcher.stop()
+
+    run(scenario)
+    assert [lines for lines, _ in engine.calls] == [["hold"], ["stays"], ["next"]]
+
+
+def test_an_engine_error_fails_that_call_only() -> None:
+    engine = Engine()
+
+    async def scenario() -> None:
+        batcher = Batcher(engine, max_tokens=100, window_s=0)
+        bad = batcher.submit(["boom"], "x", 1)
+        good = batcher.submit(["fine"], "y", 1)
+        results = await asyncio.gather(bad, good, return_exceptions=True)
+        assert isinstance(results[0], RuntimeError) and results[1] == ["fine:y"]
+        assert await batcher.submit(["again"], "x", 1) == ["again:x"]
+        await batcher.stop()
+
+    run(scenario)
+
+
+def test_a_full_queue_refuses_new_work_and_recovers() -> None:
+    engine = Engine()
+
+    async def scenario() -> None:
+        batcher = Batcher(engine, max_tokens=100, window_s=0, max_pending=3)
+        running = await held(batcher, engine)
+        waiting = asyncio.ensure_future(batcher.submit(["a", "b", "c"], "a", 3))
+        while batcher.pending < 3:
+            await asyncio.sleep(0)
+        with pytest.raises(QueueFull, match="at most 3"):
+            await batcher.submit(["d"], "a", 1)
+        engine.release.set()
+        assert await running == ["hold:a"] and await waiting == ["a:a", "b:a", "c:a"]
+        assert await batcher.submit(["d"], "a", 1) == ["d:a"]
+        await batcher.stop()
+
+    run(scenario)
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="max_tokens >= 1"):
+        Batcher(Engine(), max_tokens=0)

@@ -1,0 +1,140 @@
+"""The attention page in a real browser: headless Chromium (Debian's, driven by Playwright)
+against a real ``transformer-mt-serve`` process on 127.0.0.1.
+
+Type a sentence, press Translate: the translation the API gives appears, the cross-attention
+heatmap of layer 0, head 0 has one row per output piece and one column per source piece, and
+hovering an output piece highlights exactly the source pieces it attends to most. Skips with
+the reason when no browser is installed (``.ci/run`` installs Debian's ``chromium``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from test_serve_app import LINES, write_tiny_checkpoint
+
+pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
+playwright = pytest.importorskip("playwright.sync_api", reason="needs playwright (dev extra)")
+
+CHROMIUM = next(
+    (p for p in (os.environ.get("CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium")) if p),
+    None,
+)
+if CHROMIUM is None or not Path(CHROMIUM).exists():
+    pytest.skip(
+        "no Chromium found (install Debian's chromium, or set CHROMIUM=/path/to/chrome)",
+        allow_module_level=True,
+    )
+
+#: Flags that let Chromium run headless as root in a container with no network (Playwright
+#: gives each launch a fresh profile directory of its own).
+FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+
+def serve_command() -> list[str]:
+    script = Path(sys.executable).with_name("transformer-mt-serve")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "transformer_mt.serve.server"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A transformer-mt-serve process on a free port; yields its base URL."""
+    ckpt = write_tiny_checkpoint(tmp_path_factory.mktemp("browser") / "tiny.ckpt")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [*serve_command(), "--ckpt", str(ckpt), "--port", "0", "--threads", "1"],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        url = None
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the socket listens before the line is printed
+            if line.startswith("serving on "):
+                url = line.split()[-1]
+                break
+        assert url, f"transformer-mt-serve exited with {proc.wait()} before serving"
+        # Keep reading its log, so that a full pipe can never stall the server.
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def post(url: str, body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.load(response)
+
+
+@pytest.fixture(scope="module")
+def page(server: str) -> Iterator[Any]:
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.set_default_timeout(60_000)
+        yield page
+        browser.close()
+
+
+def test_translate_draw_and_hover(server: str, page: Any, tmp_path: Path) -> None:
+    sentence = LINES[0]
+    expected = post(f"{server}/translate", {"text": [sentence]})["translations"][0]
+    maps = post(f"{server}/attention", {"text": sentence, "translation": expected})
+
+    page.goto(server)
+    page.fill("#source", sentence)
+    page.click("#translate")
+    table = page.locator('table.heatmap[data-kind="cross"][data-layer="0"][data-head="0"]')
+    table.wait_for()
+    assert page.input_value("#output") == expected
+    assert page.locator("#error").is_hidden()
+
+    # One row per output piece (with <eos>), one column per source piece (with <eos>).
+    rows, cols = len(maps["output_tokens"]), len(maps["source_tokens"])
+    assert table.locator("tbody tr").count() == rows
+    assert table.locator("thead th[data-col]").count() == cols
+    assert table.locator("tbody tr").first.locator("td").count() == cols
+    assert table.locator("tbody th").all_inner_texts() == maps["output_tokens"]
+
+    # Hovering output piece i marks the source pieces with at least half its largest weight.
+    for i in (0, rows - 1):
+        page.hover(f'.out-token[data-index="{i}"]')
+        weights = maps["cross"][0][0][i]
+        want = [j for j, w in enumerate(weights) if w >= 0.5 * max(weights)]
+        marked = page.locator(".src-token.attended")
+        got = [int(v) for v in marked.evaluate_all("els => els.map(e => e.dataset.index)")]
+        assert got == want and want
+
+    # All heads of a layer side by side.
+    page.select_option("#head", "all")
+    assert page.locator('table.heatmap[data-kind="cross"]').count() == maps["n_heads"]
+    page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
+
+
+def test_errors_show_on_the_page(page: Any, server: str) -> None:
+    page.goto(server)
+    page.fill("#source", "a sentence")
+    page.fill("#beam", "99")
+    page.click("#translate")
+    error = page.locator("#error")
+    error.wait_for(state="visible")
+    assert "beam_size must be 1..16" in error.inner_text()
