@@ -164,7 +164,9 @@ def summary(latencies: list[float], errors: list[str], elapsed: float) -> dict[s
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.ckpt is None:
-        raise SystemExit("error: benchmark.py serve needs --ckpt CHECKPOINT")
+        raise ValueError("benchmark.py serve needs --ckpt CHECKPOINT (a .ckpt written by train.py)")
+    if not args.source.is_file():
+        raise FileNotFoundError(f"--source {args.source} does not exist; pass a file of sentences")
     lines = read_sentences(args.source, args.sentences)
     result: dict[str, Any] = {
         "benchmark": NAME,

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from test_serve_app import LINES, write_tiny_checkpoint
 
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
