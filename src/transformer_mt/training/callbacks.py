@@ -12,6 +12,9 @@ The pieces, wired in by :func:`transformer_mt.training.run.build` / ``configs/ca
   resumable checkpoint when training is interrupted (Ctrl-C, SIGTERM), (b) never writes
   weights that are NaN/inf, so after a diverging loss ``last.ckpt`` still holds the last
   good state, and (c) always leaves the final step in ``last.ckpt``.
+- :class:`WeightEMA` (``callbacks=ema``) is Lightning's ``EMAWeightAveraging`` with one fix:
+  validation, the test after training and every checkpoint's ``state_dict`` use the averaged
+  weights (the raw ones ride along in ``current_model_state`` for resuming).
 - :class:`StopAtStepBoundary` (always on) turns Ctrl-C and SIGTERM into a stop at the end of
   the current training step, so that the checkpoint saved on interruption holds the same
   weights, RNG state and loop position as a regular checkpoint of that step, and a resume
@@ -35,8 +38,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import EMAWeightAveraging, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from transformer_mt.checkpoint import save_checkpoint
@@ -218,6 +222,33 @@ class SafeModelCheckpoint(ModelCheckpoint):
             )
             return
         super()._save_checkpoint(trainer, filepath)
+
+
+class WeightEMA(EMAWeightAveraging):
+    """An exponential moving average of the weights, which validation, test and checkpoints use.
+
+    Lightning's callback keeps the average (``decay``: the weight of the old average at each
+    update), swaps it in for validation, writes it as the checkpoint's ``state_dict`` (so that
+    ``evaluate.py``, translate, export and averaging read the average) and the raw weights as
+    ``current_model_state``, which a resumed run continues from. Loading a checkpoint outside
+    fitting must keep the average: Lightning's callback loads the raw weights whenever it still
+    holds an average, so ``trainer.test(ckpt_path=best)`` after ``fit`` scored the raw weights
+    of a checkpoint chosen by the averaged ones, and ``trainer.validate(ckpt_path=...)`` swapped
+    in the average of the fit's last step instead of the checkpoint's. So outside fitting this
+    callback leaves the weights as the checkpoint's ``state_dict`` has them.
+    """
+
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Restore average and raw weights when fitting; otherwise keep ``state_dict``'s."""
+        if trainer.state.fn == TrainerFn.FITTING:
+            super().on_load_checkpoint(trainer, pl_module, checkpoint)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """After fitting (the model now holds the average), no more swaps for validate/test."""
+        if stage == "fit":
+            self._average_model = None
 
 
 #: Signals that stop training at the end of the current step.

@@ -136,13 +136,14 @@ def check_resume_matches(
 def check_free_space(run_dir: Path, module: Any, callbacks: list[Any]) -> None:
     """Fail at start-up when the checkpoints this run keeps cannot fit on the disk.
 
-    Each checkpoint holds the weights and two Adam moments (3 x the parameter bytes); the
-    checkpoint callbacks keep ``save_top_k`` files (+ ``last.ckpt``), and a save needs one
-    temporary file more.
+    Each checkpoint holds the weights and two Adam moments (3 x the parameter bytes), and with
+    a weight average (``callbacks=ema``) the average too (4 x); the checkpoint callbacks keep
+    ``save_top_k`` files (+ ``last.ckpt``), and a save needs one temporary file more.
     """
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
 
-    per_file = 3 * sum(p.numel() * p.element_size() for p in module.parameters())
+    copies = 4 if any(isinstance(cb, WeightAveraging) for cb in callbacks) else 3
+    per_file = copies * sum(p.numel() * p.element_size() for p in module.parameters())
     count = 1  # the temporary file of a save
     for cb in callbacks:
         if isinstance(cb, ModelCheckpoint):
