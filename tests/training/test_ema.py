@@ -18,7 +18,7 @@ import torch
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.training.run import build, run
 
-from conftest import FAST_TRAIN, compose_train
+from conftest import FAST_TRAIN, best_checkpoint, compose_train
 
 EMA = "callbacks.ema={_target_:transformer_mt.training.callbacks.WeightEMA,decay:0.8}"
 EMA_RUN = [
@@ -60,18 +60,13 @@ def test_validation_and_test_score_the_average(ema_run: Path, tmp_path: Path) ->
     last = ema_run / "checkpoints" / "last.ckpt"
     (val,) = trainer.validate(module, datamodule=datamodule, ckpt_path=last, verbose=False)
     assert val["val/loss"] == pytest.approx(last_logged(ema_run, "val/loss"), rel=1e-6)
-    (test,) = trainer.test(module, datamodule=datamodule, ckpt_path=best(ema_run), verbose=False)
+    (test,) = trainer.test(
+        module, datamodule=datamodule, ckpt_path=best_checkpoint(ema_run), verbose=False
+    )
     assert test["test/loss"] == pytest.approx(last_logged(ema_run, "test/loss"), rel=1e-6)
     module.load_state_dict(load_checkpoint(last)["current_model_state"])
     (raw,) = trainer.validate(module, datamodule=datamodule, verbose=False)
     assert raw["val/loss"] != pytest.approx(val["val/loss"], rel=1e-4)  # the check can tell
-
-
-def best(run_dir: Path) -> Path:
-    """The checkpoint the run tested (ModelCheckpoint's best_model_path, kept in last.ckpt)."""
-    states = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["callbacks"]
-    (state,) = [s for s in states.values() if s.get("monitor") == "val/bleu"]
-    return Path(state["best_model_path"])
 
 
 @pytest.mark.slow
