@@ -45,6 +45,13 @@ def write_tiny_checkpoint(path: Path) -> Path:
     checkpoint = {
         "state_dict": {f"model.{k}": t for k, t in model.state_dict().items()},
         "global_step": 0,
+        # What train.py's checkpoint callback records (Lightning keys it by class and settings).
+        "callbacks": {
+            "SafeModelCheckpoint{'monitor': 'val/bleu', 'mode': 'max'}": {
+                "monitor": "val/bleu",
+                "current_score": torch.tensor(12.5),
+            }
+        },
         CHECKPOINT_KEY: {
             "format": 1,
             "model_config": config.to_dict(),
@@ -158,6 +165,7 @@ def test_model_health_docs_and_page(client: Any, tiny_ckpt: Path) -> None:
     assert info["src_lang"] == "en" and info["tgt_lang"] == "de"
     assert info["parameters"] == sum(p.numel() for p in loaded.model.parameters())
     assert info["decoding"]["beam_size"] == 1 and info["decoding"]["length_penalty"] == 0.6
+    assert info["val_bleu"] == 12.5
     assert info["config"]["n_heads"] == 4 and info["limits"]["max_beam"] == 4
     assert client.get("/health").json()["status"] == "ok"
     paths = client.get("/openapi.json").json()["paths"]

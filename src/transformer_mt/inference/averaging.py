@@ -107,9 +107,13 @@ class CheckpointInfo:
 
 
 def stored_val_bleu(checkpoint: dict[str, Any]) -> float | None:
-    """``val/bleu`` of this checkpoint as ModelCheckpoint recorded it (``current_score``)."""
+    """``val/bleu`` of this checkpoint as ModelCheckpoint recorded it (``current_score``).
+
+    Lightning keys a callback's state by its class name and settings, so the training's
+    ``SafeModelCheckpoint`` subclass is matched by the name it contains.
+    """
     for key, state in (checkpoint.get("callbacks") or {}).items():
-        if str(key).startswith("ModelCheckpoint") and isinstance(state, dict):
+        if "ModelCheckpoint" in str(key) and isinstance(state, dict):
             if state.get("monitor") not in (None, "val/bleu"):
                 continue
             score = state.get("current_score")
