@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from transformer_mt.cli import DEBUG_VARIABLES
 from transformer_mt.model.transformer import ModelConfig, Transformer
 
 PAD, BOS, EOS = 0, 1, 2
@@ -88,12 +90,88 @@ FAST_TRAIN = [
 ]
 
 
+#: FAST_TRAIN on a corpus of files (:func:`write_corpus`); add ``data.dir=...``.
+FILES_TRAIN = [
+    *(o for o in FAST_TRAIN if not o.startswith("data.")),  # those exist for data=numbers only
+    "data=files",
+    "data.vocab_size=300",
+    "data.max_tokens=512",
+    "data.eval_max_tokens=512",
+    "data.max_len=64",
+    "data.num_workers=0",
+    "data.cache_dir=null",
+]
+
+
 def compose_train(run_dir, overrides=(), config_name: str = "train"):
     """Compose configs/<config_name>.yaml as train.py would, writing into ``run_dir``."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         return compose(config_name, overrides=[f"run_dir={run_dir}", *overrides])
+
+
+# ---------------------------------------------------------------- corpus files, runs, commands
+
+
+def write_corpus(directory: Path, lines: int = 30, **overrides: bytes) -> Path:
+    """A tiny parallel corpus {train,val,test}.{en,de}; ``overrides`` replaces whole files.
+
+    A keyword names a file with ``_`` for ``.``: ``train_de=b"..."`` writes ``train.de``.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    for prefix in ("train", "val", "test"):
+        for lang in ("en", "de"):
+            text = "".join(f"{lang} sentence {i} of {prefix}\n" for i in range(lines))
+            (directory / f"{prefix}.{lang}").write_bytes(text.encode())
+    for name, content in overrides.items():
+        (directory / name.replace("_", ".")).write_bytes(content)
+    return directory
+
+
+def regular_file(tmp: Path) -> Path:
+    """A path under which nothing can be created, even by root (unlike chmod 500)."""
+    path = tmp / "a_file"
+    path.write_text("not a directory")
+    return path
+
+
+def short_run(run_dir: Path, corpus: Path, *extra: str) -> Path:
+    """Train 2 steps on ``corpus`` (FILES_TRAIN) in-process into ``run_dir``; its last.ckpt."""
+    from transformer_mt.training.run import run
+
+    run(compose_train(run_dir, [*FILES_TRAIN, f"data.dir={corpus}", "trainer.max_steps=2", *extra]))
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+def train_py(
+    args: list[str], hydra_dir: Path, env: dict[str, str] | None = None, timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    """``python train.py ARGS`` in the project root, as a user runs it; output captured.
+
+    Hydra's run directory is ``hydra_dir`` (``run_dir`` follows it unless ``args`` set it);
+    one thread, the Hub offline, and without the debug variables, so that errors look as a
+    user sees them unless ``env`` sets one.
+    """
+    full_env = {k: v for k, v in os.environ.items() if k not in DEBUG_VARIABLES}
+    full_env.update(OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "train.py", f"hydra.run.dir={hydra_dir}", *args],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def error_line(stderr: str) -> str:
+    """The one ``error:`` line of a failure reported to a user; no traceback beside it."""
+    assert "Traceback" not in stderr, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
 
 
 # ---------------------------------------------------------------- the shared tiny trained run

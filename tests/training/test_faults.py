@@ -11,11 +11,8 @@ FAST_TRAIN) and a checkpoint every 3 optimizer steps.
 from __future__ import annotations
 
 import csv
-import os
 import random
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,7 +35,7 @@ from transformer_mt.training.callbacks import (
 from transformer_mt.training.faults import FaultInjection
 from transformer_mt.training.run import run
 
-from conftest import FAST_TRAIN, ROOT, compose_train, mounted_tmpfs
+from conftest import FAST_TRAIN, compose_train, error_line, mounted_tmpfs, train_py
 
 STEPS_PER_EPOCH = 25  # FAST_TRAIN: 300 pairs, max_tokens 512
 EPOCHS = 8
@@ -64,39 +61,16 @@ def fault(kind: str, at_step: int, phase: str = "batch_start") -> list[str]:
     ]
 
 
-def train_py(run_dir: Path, *extra: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    """``python train.py`` writing into ``run_dir``, to completion; stderr is captured."""
-    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR",)}
-    env.update(OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
-    return subprocess.run(
-        [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *LONG_RUN, *extra],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def load(path: Path) -> dict:
     """A checkpoint, loaded as a file from a stranger must be."""
     return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def error_line(stderr: str) -> str:
-    """The one ``error:`` line; no traceback."""
-    assert "Traceback" not in stderr, stderr[-3000:]
-    lines = [x for x in stderr.splitlines() if x.startswith("error:")]
-    assert len(lines) == 1, stderr[-3000:]
-    return lines[0]
 
 
 def kill_and_check(tmp_path: Path, step: int) -> tuple[Path, int]:
     """kill -9 once ``step`` steps are done; last.ckpt holds the newest save, intact."""
     run_dir = tmp_path / "killed"
     last = run_dir / "checkpoints" / "last.ckpt"
-    done = train_py(run_dir, *fault("SIGKILL", step))
+    done = train_py([*LONG_RUN, *fault("SIGKILL", step)], run_dir)
     assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
     checkpoint = load(last)  # never truncated: written to a temp file, then renamed
     assert checkpoint["global_step"] == step - step % SAVE_EVERY
@@ -109,7 +83,7 @@ def kill_and_check(tmp_path: Path, step: int) -> tuple[Path, int]:
 def resume_and_finish(tmp_path: Path, ckpt: Path, killed_step: int) -> None:
     """Resume from ``ckpt`` in a new directory: it continues from its step and completes."""
     run_dir = tmp_path / "resumed"
-    done = train_py(run_dir, f"ckpt_path={ckpt}")
+    done = train_py([*LONG_RUN, f"ckpt_path={ckpt}"], run_dir)
     assert done.returncode == 0, done.stderr[-3000:]
     final = load(run_dir / "checkpoints" / "last.ckpt")
     assert final["global_step"] == EPOCHS * STEPS_PER_EPOCH
@@ -137,7 +111,7 @@ def interrupt(tmp_path: Path, kind: str = "SIGINT", at_step: int = 7) -> tuple[P
     """
     run_dir = tmp_path / "interrupted"
     last = run_dir / "checkpoints" / "last.ckpt"
-    done = train_py(run_dir, *fault(kind, at_step, "before_optimizer_step"))
+    done = train_py([*LONG_RUN, *fault(kind, at_step, "before_optimizer_step")], run_dir)
     assert done.returncode == EXIT_INTERRUPTED, done.stderr[-5000:]
     line = error_line(done.stderr)
     stopped = at_step + 1  # the step in flight completes
@@ -181,7 +155,7 @@ def small_disk(tmp_path: Path):
 
 def test_disk_full_mid_run_is_one_line_and_keeps_the_last_checkpoint(small_disk: Path) -> None:
     run_dir = small_disk / "run"
-    done = train_py(run_dir, *fault("fill_disk", 7))
+    done = train_py([*LONG_RUN, *fault("fill_disk", 7)], run_dir)
     line = error_line(done.stderr)
     assert done.returncode == EXIT_USER_ERROR, done.stderr[-3000:]
     assert "No space left on device" in line and "free some disk space" in line
@@ -195,22 +169,19 @@ def test_disk_full_mid_run_is_one_line_and_keeps_the_last_checkpoint(small_disk:
 # ------------------------------------------------------------------------- non-finite loss
 
 
+def diverging_run(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
+    """A run whose loss diverges at once (lr 1e30, no clipping): it exits 1; its error line."""
+    overrides = [*FAST_TRAIN, "optimizer.lr=1e30", "trainer.gradient_clip_val=null", *extra]
+    with pytest.raises(SystemExit) as exited:
+        guarded(run)(compose_train(tmp_path, overrides))
+    assert exited.value.code == EXIT_RUNTIME_ERROR
+    return error_line(capsys.readouterr().err)
+
+
 def test_diverging_loss_stops_with_one_line_and_keeps_finite_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cfg = compose_train(
-        tmp_path,
-        [
-            *FAST_TRAIN,
-            "optimizer.lr=1e30",
-            "trainer.gradient_clip_val=null",
-            "callbacks.recent_checkpoints.every_n_train_steps=1",
-        ],
-    )
-    with pytest.raises(SystemExit) as exited:
-        guarded(run)(cfg)
-    assert exited.value.code == EXIT_RUNTIME_ERROR
-    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    line = diverging_run(tmp_path, capsys, "callbacks.recent_checkpoints.every_n_train_steps=1")
     assert "training loss became" in line and "at step" in line and "lower optimizer.lr" in line
     last = tmp_path / "checkpoints" / "last.ckpt"
     if last.exists():
@@ -219,6 +190,14 @@ def test_diverging_loss_stops_with_one_line_and_keeps_finite_checkpoint(
         assert all(torch.isfinite(t).all() for t in state.values() if t.is_floating_point())
     else:
         assert "no checkpoint was written" in line
+
+
+def test_skipping_non_finite_losses_stops_once_the_weights_are_nan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = diverging_run(tmp_path, capsys, "module.nonfinite_loss=skip", "module.warmup_steps=1")
+    assert "so module.nonfinite_loss=skip cannot recover" in line and "lower optimizer.lr" in line
+    assert "the weights themselves are NaN/inf" in line or "10 batches in a row" in line
 
 
 def test_checkpoint_callback_refuses_non_finite_weights(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Resuming is bit-identical on CPU: from any regular checkpoint and from a Ctrl-C/SIGTERM one.
+"""Resuming is bit-identical on CPU: from any regular checkpoint and from a Ctrl-C/SIGTERM one;
+a checkpoint of another tokenizer or model is refused with one line.
 
 One uninterrupted reference run (2 epochs of 25 steps, dropout on, a checkpoint every 5 steps,
 data loader workers on) is compared with runs resumed from its checkpoints in epoch 0, at the
@@ -17,11 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_mt.cli import EXIT_INTERRUPTED, guarded
+from transformer_mt.cli import EXIT_INTERRUPTED, EXIT_USER_ERROR, guarded
 from transformer_mt.data.batching import TokenBudgetBatchSampler
 from transformer_mt.training.run import run
 
-from conftest import FAST_TRAIN, compose_train
+from conftest import FAST_TRAIN, FILES_TRAIN, compose_train, error_line, short_run, write_corpus
 
 STEPS_PER_EPOCH = 25
 RESUME_RUN = [
@@ -138,3 +139,34 @@ def test_sampler_resume_applies_to_one_iteration_only() -> None:
     assert len(list(sampler)) == len(sampler) - 3
     sampler.set_epoch(1)
     assert [b for b in sampler] == [b.tolist() for b in sampler.batches(1)]
+
+
+@pytest.mark.parametrize("change", ["vocab_size", "same_size", "model_shape"])
+def test_resume_with_another_tokenizer_or_model_is_refused(
+    tmp_path: Path, change: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = short_run(tmp_path / "first", write_corpus(tmp_path / "a"), "test_after_fit=false")
+    if change == "vocab_size":
+        overrides = [f"data.dir={tmp_path / 'a'}", "data.vocab_size=280"]
+        expected = (
+            "another tokenizer than this run's (vocabulary 300/300 (src/tgt) vs this run's 280/280"
+        )
+    elif change == "same_size":  # other text, same vocabulary size: ids mean other subwords
+        other = tmp_path / "b"
+        other.mkdir()
+        for prefix in ("train", "val", "test"):
+            for lang in ("en", "de"):
+                lines = [f"the quick brown fox {i} jumps over lazy dogs\n" for i in range(30)]
+                (other / f"{prefix}.{lang}").write_text("".join(lines))
+        overrides = [f"data.dir={other}"]
+        expected = "another tokenizer than this run's (the same size (300) but different subwords"
+    else:
+        overrides = [f"data.dir={tmp_path / 'a'}", "model.d_ff=48"]
+        expected = "it holds a different model, model.d_ff=64 (this run: 48)"
+    cfg = compose_train(tmp_path / "resumed", [*FILES_TRAIN, *overrides, f"ckpt_path={ckpt}"])
+    with pytest.raises(SystemExit) as exited:
+        guarded(run)(cfg)
+    assert exited.value.code == EXIT_USER_ERROR
+    line = error_line(capsys.readouterr().err)
+    assert f"cannot resume from {ckpt}: " in line
+    assert expected in line

@@ -1,0 +1,219 @@
+"""The bad-input catalogue (docs/errors.md): every user mistake is one `error:` line, no traceback.
+
+Each case runs ``train.py``'s guarded pipeline in-process (fast) and, marked slow, as a real
+``python train.py`` subprocess; Hydra's own composition errors always run as a subprocess.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_mt.cli import EXIT_USER_ERROR, guarded
+from transformer_mt.training.run import run
+
+from conftest import (
+    FAST_TRAIN,
+    FILES_TRAIN,
+    compose_train,
+    error_line,
+    regular_file,
+    train_py,
+    write_corpus,
+)
+
+#: FAST_TRAIN without the keys that exist only in the generated (numbers) data config.
+BASE_TRAIN = [o for o in FAST_TRAIN if not o.startswith("data.")]
+
+
+def _corpus(tmp: Path, **files: bytes) -> list[str]:
+    return [f"data.dir={write_corpus(tmp / 'corpus', **files)}"]
+
+
+# case id -> (overrides given tmp_path, text the error line must contain, env)
+CASES = {
+    "missing_dir": (
+        lambda t: ["data.dir=/nope"],
+        ["Corpus directory not found: /nope", "data.dir"],
+    ),
+    "missing_file": (
+        lambda t: [f"data.dir={_drop(write_corpus(t / 'corpus'), 'val.de')}"],
+        ["Corpus file not found", "val.de", "data.prefixes"],
+    ),
+    "line_counts_differ": (
+        lambda t: _corpus(t, train_de=b"only one line\n"),
+        ["Line counts differ", "has 30 lines", "has 1", "line-aligned"],
+    ),
+    "empty_split": (
+        lambda t: _corpus(t, test_en=b"", test_de=b""),
+        ["Split 'test' is empty"],
+    ),
+    "undecodable_bytes": (
+        lambda t: _corpus(t, train_en=b"fine\nalso fine\nbad \xff byte\n" * 10),
+        ["train.en, line 3: not valid UTF-8", "iconv"],
+    ),
+    "all_pairs_too_long": (
+        lambda t: [*_corpus(t), "data.max_len=2"],
+        ["All 30 training pairs were filtered out", "max_len=2", "raise data.max_len"],
+    ),
+    "hub_unreachable": (
+        lambda t: [*BASE_TRAIN, "data=multi30k", "data.num_workers=0", "data.cache_dir=null"],
+        ["Cannot load 'bentrevett/multi30k'", "data.source=files data.dir="],
+    ),
+    "d_model_not_divisible": (
+        lambda t: [*_corpus(t), "model.d_model=30", "model.n_heads=4"],
+        ["model.d_model=30 is not divisible by model.n_heads=4"],
+    ),
+    "negative_dropout": (
+        lambda t: [*_corpus(t), "model.dropout=-0.1"],
+        ["model.dropout must be in [0, 1), got -0.1"],
+    ),
+    "dropout_one": (
+        lambda t: [*_corpus(t), "model.dropout=1.0"],
+        ["model.dropout must be in [0, 1), got 1.0"],
+    ),
+    "max_tokens_too_small": (
+        lambda t: [*_corpus(t), "data.max_tokens=10"],
+        ["max_tokens=10 cannot hold one sentence of max_len=64", "raise data.max_tokens"],
+    ),
+    "beam_size_zero": (
+        lambda t: [*_corpus(t), "module.decoding.beam_size=0"],
+        ["beam_size must be >= 1, got 0"],
+    ),
+    "missing_data_dir_value": (
+        lambda t: [],
+        ["missing required config value(s): data.dir", "data.dir=..."],
+    ),
+    "unwritable_run_dir": (
+        lambda t: [*_corpus(t), f"run_dir={regular_file(t)}/run"],
+        ["cannot write to the run directory", "Not a directory", "run_dir=PATH"],
+    ),
+    "max_len_beyond_positional_table": (
+        lambda t: [*_corpus(t), "model.max_len=64"],  # FILES_TRAIN: data.max_len=64
+        ["data.max_len=64 does not fit model.max_len=64", "data.max_len=63", "model.max_len=65"],
+    ),
+    "d_model_not_a_number": (
+        lambda t: [*_corpus(t), "model.d_model=abc"],
+        ["model.d_model must be an integer, got 'abc' (str)", "model.d_model=512"],
+    ),
+    "truncated_gz": (
+        lambda t: [f"data.dir={_truncated_gz(write_corpus(t / 'corpus'), 'train.de')}"],
+        ["train.de.gz: cannot read it after line", "truncated or corrupt", "gzip -t"],
+    ),
+    "ckpt_truncated": (
+        lambda t: [*_corpus(t), f"ckpt_path={_truncated_checkpoint(t)}"],
+        ["is truncated or corrupted", "use another checkpoint"],
+    ),
+    "ckpt_foreign": (
+        lambda t: [*_corpus(t), f"ckpt_path={_foreign_checkpoint(t)}"],
+        ["not from transformer-mt", "use a checkpoint written by train.py"],
+    ),
+    "ckpt_not_a_checkpoint": (
+        lambda t: [*_corpus(t), f"ckpt_path={regular_file(t)}"],
+        ["a_file"],
+    ),
+}
+
+
+def _drop(directory: Path, name: str) -> Path:
+    (directory / name).unlink()
+    return directory
+
+
+def _truncated_gz(directory: Path, name: str) -> Path:
+    """Replace ``name`` by a ``.gz`` copy cut in half (a download that stopped early)."""
+    data = gzip.compress((directory / name).read_bytes() * 20)
+    (directory / name).unlink()
+    (directory / f"{name}.gz").write_bytes(data[: len(data) // 2])
+    return directory
+
+
+def _truncated_checkpoint(tmp: Path) -> Path:
+    path = tmp / "truncated.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1000)}, "global_step": 3}, path)
+    path.write_bytes(path.read_bytes()[:1500])
+    return path
+
+
+def _foreign_checkpoint(tmp: Path) -> Path:
+    """A Lightning-shaped checkpoint from another project."""
+    path = tmp / "foreign.ckpt"
+    torch.save({"state_dict": {"layer.weight": torch.zeros(2, 2)}, "global_step": 3}, path)
+    return path
+
+
+def _overrides(case: str, tmp_path: Path) -> list[str]:
+    overrides = CASES[case][0](tmp_path)
+    return overrides if "data=multi30k" in overrides else [*FILES_TRAIN, *overrides]
+
+
+@pytest.mark.parametrize("case", sorted(set(CASES) - {"hub_unreachable"}))
+def test_user_error_is_one_line_in_process(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    overrides = _overrides(case, tmp_path)
+    run_dir = tmp_path / "run"
+    explicit = [o for o in overrides if o.startswith("run_dir=")]
+    with pytest.raises(SystemExit) as exited:
+        cfg = compose_train(run_dir, [o for o in overrides if not o.startswith("run_dir=")])
+        if explicit:
+            cfg.run_dir = explicit[-1].split("=", 1)[1]
+        guarded(run)(cfg)
+    assert exited.value.code == EXIT_USER_ERROR
+    line = error_line(capsys.readouterr().err)
+    for text in CASES[case][1]:
+        assert text in line
+
+
+# The Hub case runs only here: HF_DATASETS_OFFLINE is read when `datasets` is imported.
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=[] if c == "hub_unreachable" else pytest.mark.slow) for c in CASES],
+)
+def test_user_error_is_one_line_from_train_py(case: str, tmp_path: Path) -> None:
+    result = train_py(_overrides(case, tmp_path), tmp_path / "hydra")
+    assert result.returncode == EXIT_USER_ERROR, result.stderr[-3000:]
+    line = error_line(result.stderr)
+    for text in CASES[case][1]:
+        assert text in line
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("model.d_modle=3", ["Could not override 'model.d_modle'", "not in struct"]),
+        ("model=huge", ["Could not find 'model/huge'", "Available options in 'model'", "tiny"]),
+    ],
+)
+def test_config_composition_error_is_hydras_message(
+    override: str, expected: list[str], tmp_path: Path
+) -> None:
+    result = train_py([override], tmp_path / "hydra")
+    assert result.returncode == EXIT_USER_ERROR, result.stderr
+    assert "Traceback" not in result.stderr
+    for text in expected:
+        assert text in result.stderr
+
+
+def test_debug_variable_shows_the_traceback(tmp_path: Path) -> None:
+    result = train_py(
+        ["data=files", "data.dir=/nope", "threads=1"],
+        tmp_path / "hydra",
+        env={"TRANSFORMER_MT_DEBUG": "1"},
+    )
+    assert result.returncode == EXIT_USER_ERROR
+    assert "Traceback" in result.stderr
+    assert "error: Corpus directory not found: /nope" in result.stderr
+
+
+def test_unknown_constructor_argument_is_a_user_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = compose_train(tmp_path, [*FAST_TRAIN, "+data.max_tokenz=5"])
+    with pytest.raises(SystemExit) as exited:
+        guarded(run)(cfg)
+    assert exited.value.code == EXIT_USER_ERROR
+    assert "max_tokenz" in capsys.readouterr().err

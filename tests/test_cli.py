@@ -1,0 +1,58 @@
+"""The error surface of the commands (transformer_mt.cli): exit codes, one line, bugs unchanged."""
+
+from __future__ import annotations
+
+import pytest
+
+from transformer_mt.cli import (
+    EXIT_INTERRUPTED,
+    EXIT_RUNTIME_ERROR,
+    EXIT_USER_ERROR,
+    NonFiniteLossError,
+    TrainingInterrupted,
+    UserError,
+    exit_code_for,
+    guarded,
+    one_line,
+)
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (ValueError("x"), EXIT_USER_ERROR),
+        (FileNotFoundError("x"), EXIT_USER_ERROR),
+        (ConnectionError("x"), EXIT_USER_ERROR),
+        (PermissionError("x"), EXIT_USER_ERROR),
+        (UserError("x"), EXIT_USER_ERROR),
+        (NonFiniteLossError("x"), EXIT_RUNTIME_ERROR),
+        (TrainingInterrupted("x"), EXIT_INTERRUPTED),
+        (KeyboardInterrupt(), EXIT_INTERRUPTED),
+        (RuntimeError("a bug"), None),
+        (AttributeError("a bug"), None),
+    ],
+)
+def test_exit_codes(exc: BaseException, code: int | None) -> None:
+    assert exit_code_for(exc) == code
+
+
+def test_instantiation_errors_are_unwrapped() -> None:
+    from hydra.errors import InstantiationException
+
+    try:
+        try:
+            raise ValueError("max_tokens=10 is too small;\n raise data.max_tokens")
+        except ValueError as inner:
+            raise InstantiationException("Error in call to target 'x':\nValueError(...)") from inner
+    except InstantiationException as outer:
+        assert exit_code_for(outer) == EXIT_USER_ERROR
+        assert one_line(outer) == "max_tokens=10 is too small; raise data.max_tokens"
+
+
+def test_bugs_keep_their_traceback() -> None:
+    @guarded
+    def buggy() -> None:
+        raise RuntimeError("internal invariant broken")
+
+    with pytest.raises(RuntimeError, match="internal invariant"):
+        buggy()
