@@ -17,6 +17,7 @@ import sys
 
 from transformer_mt.checkpoint import CheckpointError, save_checkpoint
 from transformer_mt.cli import EXIT_USER_ERROR, one_line
+from transformer_mt.files import check_outputs_apart
 from transformer_mt.inference.averaging import average_checkpoints, select_checkpoints
 
 log = logging.getLogger("average_checkpoints")
@@ -40,9 +41,10 @@ def main(argv: list[str] | None = None) -> int:
             paths = select_checkpoints(args.run_dir, n, mode)
         else:
             parser.error("give RUN_DIR with --last N or --best N, or --inputs CKPT ...")
+        check_outputs_apart([("-o", args.output)], [("input", p) for p in paths])
         averaged = average_checkpoints(paths)
         out = save_checkpoint(averaged, args.output)
-    except (CheckpointError, OSError) as err:
+    except (CheckpointError, ValueError, OSError) as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
         return EXIT_USER_ERROR
     log.info("averaged %d checkpoints into %s", len(paths), out)

@@ -101,12 +101,7 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
     """
     path = Path(path)
     if path.is_dir():
-        candidates = sorted(p.name for p in path.glob("**/*.ckpt"))[:5]
-        hint = f" (it holds {', '.join(candidates)})" if candidates else ""
-        raise CheckpointNotFoundError(
-            f"checkpoint path {path} is a directory{hint}; pass a file such as "
-            f"{path / 'checkpoints' / 'last.ckpt'}"
-        )
+        raise CheckpointNotFoundError(_directory_given(path))
     if not path.is_file():
         raise CheckpointNotFoundError(
             f"checkpoint {path} does not exist; pass the path of a .ckpt file written by "
@@ -144,6 +139,21 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
             "a .ckpt file written by train.py"
         )
     return checkpoint
+
+
+def _directory_given(path: Path) -> str:
+    """The message for a directory passed as a checkpoint: name a file that is there."""
+    found = sorted(path.glob("**/*.ckpt"), key=lambda p: (p.name != "last.ckpt", len(p.parts)))
+    if found:
+        names = ", ".join(sorted(p.name for p in found)[:5])
+        return (
+            f"checkpoint path {path} is a directory (it holds {names}); pass a file such as "
+            f"{found[0]}"
+        )
+    return (
+        f"checkpoint path {path} is a directory without .ckpt files; pass the path of a .ckpt "
+        "file written by train.py, e.g. outputs/<task>/runs/<time>/checkpoints/last.ckpt"
+    )
 
 
 def _first_line(err: BaseException) -> str:

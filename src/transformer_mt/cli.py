@@ -21,6 +21,8 @@ What the user sees on stderr, and the exit status:
   exit 1 (:data:`EXIT_RUNTIME_ERROR`).
 - :class:`TrainingInterrupted`, Ctrl-C: ``error: <checkpoint to resume from>``, exit 130.
 - Anything else is a bug: its traceback, exit 1.
+- In a multirun (``-m``) a job's known failure prints ``error: job #N (<overrides>): ...``
+  once and the sweep goes on; the command then exits with the first failed job's status.
 
 ``HYDRA_FULL_ERROR=1`` or ``TRANSFORMER_MT_DEBUG=1`` prints the traceback before the line.
 """
@@ -34,16 +36,20 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from hydra.errors import CompactHydraException
+
 __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_RUNTIME_ERROR",
     "EXIT_USER_ERROR",
+    "JobFailed",
     "NonFiniteLossError",
     "TrainingInterrupted",
     "UserError",
     "exit_code_for",
     "guarded",
     "one_line",
+    "os_error_line",
     "run_entry_point",
 ]
 
@@ -69,6 +75,22 @@ class NonFiniteLossError(RuntimeError):
 
 class TrainingInterrupted(Exception):
     """Training stopped on Ctrl-C or SIGTERM; the message names the checkpoint to resume from."""
+
+
+class JobFailed(CompactHydraException):
+    """A multirun job's known failure, handed back to Hydra after its line was printed.
+
+    Hydra prints a :class:`~hydra.errors.CompactHydraException` as its message alone (no
+    traceback), so the job's reason appears once, above; :func:`run_entry_point` turns the
+    sweep's end into the job's exit status (2 for a user error).
+    """
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message, exit_code)
+        self.exit_code = exit_code
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class _State:
@@ -131,10 +153,39 @@ def one_line(exc: BaseException) -> str:
         _during_ctrl_c(exc) and not isinstance(exc, TrainingInterrupted)
     ):
         return "interrupted (Ctrl-C) outside training; no checkpoint was written"
+    if isinstance(exc, OSError) and str(exc).startswith("[Errno"):
+        return os_error_line(exc)
     text = str(exc)
     if isinstance(exc, KeyError) or not text:
         text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return " ".join(text.split())
+
+
+#: The fix for an OS error, by errno name: what the user can do about it.
+_OS_FIXES = {
+    "ENOENT": "check the path",
+    "EACCES": "fix its permissions or choose another path",
+    "EPERM": "fix its permissions or choose another path",
+    "EROFS": "the file system is read-only; choose another path",
+    "ENOSPC": "free some disk space or choose another path",
+    "EDQUOT": "free some disk space (quota) or choose another path",
+    "ENOTDIR": "a part of the path is a file, not a directory; choose another path",
+    "EISDIR": "it is a directory; give a file path",
+    "EEXIST": "it exists already; choose another path",
+    "ENAMETOOLONG": "shorten the path",
+}
+
+
+def os_error_line(exc: OSError) -> str:
+    """An OS error as ``cannot use PATH: <reason>; <fix>``, never a raw ``[Errno N]``."""
+    import errno
+
+    name = errno.errorcode.get(exc.errno or 0, "")
+    reason = exc.strerror or name or type(exc).__name__
+    paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+    where = f"cannot use {' -> '.join(paths)}: " if paths else ""
+    fix = _OS_FIXES.get(name, "check the path and the disk")
+    return f"{where}{reason}; {fix}"
 
 
 def _in_multirun() -> bool:
@@ -160,8 +211,10 @@ def guarded(fn: F) -> F:
             return fn(*args, **kwargs)
         except (Exception, KeyboardInterrupt) as exc:
             code = exit_code_for(exc)
-            if code is None or (code != EXIT_INTERRUPTED and _in_multirun()):
+            if code is None:
                 raise
+            if code != EXIT_INTERRUPTED and _in_multirun():
+                raise _job_failed(exc, code) from None
             if _debug():
                 traceback.print_exc()
             sys.stdout.flush()
@@ -169,6 +222,21 @@ def guarded(fn: F) -> F:
             sys.exit(code)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _job_failed(exc: BaseException, code: int) -> Exception:
+    """Print a failed multirun job's reason once; the exception that tells Hydra it failed."""
+    from hydra.core.hydra_config import HydraConfig
+
+    job = HydraConfig.get().job
+    overrides = " ".join(HydraConfig.get().overrides.task)
+    if _debug():
+        traceback.print_exception(exc)
+    sys.stdout.flush()
+    print(f"error: job #{job.num} ({overrides}): {one_line(exc)}", file=sys.stderr, flush=True)
+    return JobFailed(
+        f"multirun job #{job.num} failed (exit status {code}); its error is above", code
+    )
 
 
 def run_entry_point(main: Callable[[], Any]) -> None:
@@ -180,6 +248,8 @@ def run_entry_point(main: Callable[[], Any]) -> None:
     try:
         main()
     except SystemExit as exc:
+        if exc.code == 1 and isinstance(exc.__context__, JobFailed):
+            sys.exit(exc.__context__.exit_code)  # a multirun job failed: its status
         if exc.code == 1 and not _State.task_started:
             sys.exit(EXIT_USER_ERROR)
         raise

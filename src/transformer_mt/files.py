@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -82,3 +82,177 @@ def fsync_directory(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+# ----------------------------------------------------------------------------- input text
+
+#: How undecodable input bytes are handled: refuse them (naming file and line) or read them as
+#: U+FFFD with a warning that counts the lines.
+TEXT_ERRORS = ("strict", "replace")
+
+
+def decode_lines(
+    raw_lines: Iterable[bytes],
+    name: str,
+    *,
+    errors: str = "strict",
+    replaced: list[int] | None = None,
+    fix: str = "",
+) -> Iterator[str]:
+    """Decode a byte stream split on ``b"\\n"`` as UTF-8 lines without their line ending.
+
+    Every input of every command is read this way, like the training data, so one file never
+    reads two ways. Splitting on ``b"\\n"`` only means a stray ``\\r`` or U+2028 inside a line
+    cannot add lines (the output stays line-aligned with the input).
+
+    Args:
+        raw_lines: e.g. an ``open(path, "rb")`` handle or ``sys.stdin.buffer``.
+        name: the file as the user typed it, for the message.
+        errors: ``"strict"`` raises on the first bad line; ``"replace"`` reads bad bytes as
+            U+FFFD and appends each such line number to ``replaced``.
+        replaced: collects the line numbers read with replacements.
+        fix: the option that opts in to replacing, for the message (``--errors replace``).
+
+    Raises:
+        ValueError: ``<name>, line N: not valid UTF-8 (...); <fix>``.
+    """
+    if errors not in TEXT_ERRORS:
+        raise ValueError(f"errors must be one of {', '.join(TEXT_ERRORS)}, got {errors!r}")
+    for number, raw in enumerate(raw_lines, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            if errors == "strict":
+                opt_in = f", or pass {fix} to read such bytes as U+FFFD" if fix else ""
+                raise ValueError(
+                    f"{name}, line {number}: not valid UTF-8 ({err.reason} at byte {err.start} "
+                    f"of the line); convert the file to UTF-8, e.g. with iconv -f latin1 -t "
+                    f"utf-8{opt_in}"
+                ) from None
+            text = raw.decode("utf-8", errors="replace")
+            if replaced is not None:
+                replaced.append(number)
+        yield text.rstrip("\n").rstrip("\r")
+
+
+def replaced_lines_warning(name: str, replaced: Sequence[int]) -> str:
+    """The warning for lines read with U+FFFD replacements (empty when there were none)."""
+    if not replaced:
+        return ""
+    shown = ", ".join(str(n) for n in replaced[:5]) + (", ..." if len(replaced) > 5 else "")
+    return (
+        f"{name}: {len(replaced)} line(s) are not valid UTF-8 and were read with U+FFFD "
+        f"replacement characters (lines {shown}); scores and translations of these lines are "
+        "not those of the intended text"
+    )
+
+
+def read_lines(
+    path: str | os.PathLike[str], what: str, *, errors: str = "strict", fix: str = ""
+) -> tuple[list[str], list[int]]:
+    """All lines of a UTF-8 text file (see :func:`decode_lines`) and the replaced line numbers.
+
+    Raises:
+        FileNotFoundError, IsADirectoryError, PermissionError: one line naming ``what``.
+        ValueError: a line that is not valid UTF-8 with ``errors="strict"``.
+    """
+    file = Path(path)
+    if not file.exists():
+        raise FileNotFoundError(f"{what} {file} does not exist; check the path")
+    if file.is_dir():
+        raise IsADirectoryError(f"{what} {file} is a directory; pass a text file")
+    replaced: list[int] = []
+    try:
+        with open(file, "rb") as handle:
+            lines = list(decode_lines(handle, str(file), errors=errors, replaced=replaced, fix=fix))
+    except PermissionError:
+        raise PermissionError(
+            f"{what} {file} cannot be read (permission denied); fix its permissions"
+        ) from None
+    return lines, replaced
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def _same(a: Path, b: Path) -> bool:
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)  # hard links and bind mounts as well
+    return a == b
+
+
+def _resolved(path: str | os.PathLike[str]) -> Path:
+    return Path(os.path.realpath(os.path.abspath(path)))
+
+
+def check_outputs_apart(
+    outputs: Sequence[tuple[str, str | os.PathLike[str] | None]],
+    inputs: Sequence[tuple[str, str | os.PathLike[str] | None]],
+) -> None:
+    """Refuse, before any work, an output that is, contains or lies inside an input.
+
+    A command never deletes or truncates a file it did not create, so an output path must
+    not name the checkpoint, the source or the reference it reads, nor a directory holding
+    them (a directory output replaces its whole content), nor a place inside an input
+    directory (a CTranslate2 model, a data directory). Two outputs must differ as well.
+
+    Args:
+        outputs, inputs: ``(what, path)`` pairs, ``what`` as the user names it (``--output``,
+            ``reference_file``); ``None`` and ``"-"`` (stdin/stdout) are skipped.
+
+    Raises:
+        ValueError: one line naming both paths and the fix.
+    """
+    outs = [(what, Path(p), _resolved(p)) for what, p in outputs if p not in (None, "", "-")]
+    ins = [(what, Path(p), _resolved(p)) for what, p in inputs if p not in (None, "", "-")]
+    for i, (what, path, out) in enumerate(outs):
+        for in_what, in_path, inp in ins:
+            if _same(out, inp):
+                relation = "is"
+            elif out in inp.parents:
+                relation = "contains"
+            elif inp.is_dir() and inp in out.parents:
+                relation = "lies inside"
+            else:
+                continue
+            raise ValueError(
+                f"{what} {path} {relation} the {in_what} {in_path}: writing it would destroy "
+                f"the input; choose another {what}"
+            )
+        for other_what, other_path, other in outs[i + 1 :]:
+            if _same(out, other):
+                raise ValueError(
+                    f"{what} {path} and {other_what} {other_path} are the same file; "
+                    "give them different paths"
+                )
+
+
+def check_output_file(path: str | os.PathLike[str], what: str) -> None:
+    """Refuse, before any work, an output file path that can never be written.
+
+    Raises:
+        IsADirectoryError, NotADirectoryError: one line with the path and the fix.
+    """
+    if str(path) in ("", "-"):
+        return
+    file = Path(path)
+    if file.is_dir():
+        raise IsADirectoryError(f"{what} {file} is a directory; give a file path")
+    check_output_parent(file, what)
+
+
+def check_output_parent(path: str | os.PathLike[str], what: str) -> None:
+    """Refuse an output path below a regular file (no directory can be created there).
+
+    Raises:
+        NotADirectoryError: one line with the path, the file in the way and the fix.
+    """
+    file = Path(path)
+    for parent in file.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(
+                    f"{what} {file} lies below {parent}, which is a file, not a directory; "
+                    "choose another path"
+                )
+            break

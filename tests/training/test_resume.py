@@ -170,3 +170,46 @@ def test_resume_with_another_tokenizer_or_model_is_refused(
     line = error_line(capsys.readouterr().err)
     assert f"cannot resume from {ckpt}: " in line
     assert expected in line
+
+
+# ------------------------------------------------------------------- metrics of every part
+
+
+def csv_rows(run_dir: Path) -> list[dict[str, str]]:
+    import csv
+
+    with open(run_dir / "csv" / "metrics.csv", newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def logged(rows: list[dict[str, str]], key: str) -> list[int]:
+    return [int(row["step"]) for row in rows if row.get(key)]
+
+
+@pytest.mark.slow
+def test_resuming_into_the_same_directory_keeps_every_metric(tmp_path: Path) -> None:
+    """Interrupt at step 30 (in epoch 1, after epoch 0's validation), resume into the same
+    run directory: metrics.csv holds each logged step of both parts exactly once."""
+    overrides = [*FAST_TRAIN, "trainer.max_epochs=2", "trainer.log_every_n_steps=1"]
+    overrides += ["test_after_fit=false"]
+    run_dir = tmp_path / "run"
+    fault = [
+        f"+callbacks.fault._target_={FAULT}",
+        "+callbacks.fault.fault=SIGINT",
+        "+callbacks.fault.at_step=30",
+    ]
+    with pytest.raises(SystemExit) as exited:
+        guarded(run)(compose_train(run_dir, [*overrides, *fault]))
+    assert exited.value.code == EXIT_INTERRUPTED
+    first = csv_rows(run_dir)
+    assert logged(first, "train/loss") == list(range(30))
+    assert len(logged(first, "val/loss")) == 1  # the validation of epoch 0
+
+    last = run_dir / "checkpoints" / "last.ckpt"
+    run(compose_train(run_dir, [*overrides, f"ckpt_path={last}"]))
+    total = torch.load(last, weights_only=True)["global_step"]
+    both = csv_rows(run_dir)
+    kept = [{key: row[key] for key in first[0]} for row in both[: len(first)]]
+    assert kept == first  # the first part's rows, unchanged and first
+    assert logged(both, "train/loss") == list(range(total))  # every step once, in order
+    assert len(logged(both, "val/loss")) == 2  # epoch 0's (first part) and epoch 1's

@@ -12,6 +12,7 @@ equal), except ``cache_dir``: without one nothing is written outside the run dir
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -34,8 +35,9 @@ DEFAULT_HUB_SPLITS: dict[str, str] = {
 DEFAULT_SIZES: dict[str, int] = {"train": 20000, "validation": 500, "test": 500}
 
 #: Keys that a stored data config may carry beside the settings (checkpoints of format 1 hold
-#: them): the Hydra target, and arguments the data module takes besides its config.
-_NOT_SETTINGS = ("_target_", "_convert_", "work_dir", "tokenizer", "only_splits")
+#: them): the Hydra target, arguments the data module takes besides its config, and the
+#: data.dir as the user typed it (``dir`` itself is stored absolute).
+_NOT_SETTINGS = ("_target_", "_convert_", "work_dir", "tokenizer", "only_splits", "dir_as_typed")
 
 
 @dataclass
@@ -159,6 +161,18 @@ class DataConfig:
         """Plain types only (lists, not tuples): for checkpoints and YAML."""
         values = asdict(self)
         values["number_range"] = list(self.number_range)
+        return values
+
+    def stored(self) -> dict[str, Any]:
+        """:meth:`to_dict` for a checkpoint: ``dir`` absolute, as typed under ``dir_as_typed``.
+
+        A relative ``dir`` resolves against the directory the run started in; stored as
+        typed, the checkpoint would evaluate only from there.
+        """
+        values = self.to_dict()
+        if self.dir:
+            values["dir"] = os.path.abspath(self.dir)
+            values["dir_as_typed"] = str(self.dir)
         return values
 
     @classmethod

@@ -225,6 +225,23 @@ class Tokenizer:
         """The vocabulary size; with separate vocabularies the larger one."""
         return max(self.src_vocab_size, self.tgt_vocab_size)
 
+    def difference(self, other: Tokenizer) -> str | None:
+        """How ``other`` encodes differently from this tokenizer, or ``None`` if it does not.
+
+        Two tokenizers of the same size can still map ids to other subwords; a model fed the
+        ids of one while trained on the other produces fluent-looking garbage, so every place
+        that pairs a model with a tokenizer (resume, a CTranslate2 export, an ensemble) asks.
+        """
+        ours = (self.src_vocab_size, self.tgt_vocab_size)
+        theirs = (other.src_vocab_size, other.tgt_vocab_size)
+        if ours != theirs:
+            return f"vocabulary {ours[0]}/{ours[1]} (src/tgt) vs {theirs[0]}/{theirs[1]}"
+        if self.src.get_vocab() != other.src.get_vocab():
+            return f"the same size ({ours[0]}/{ours[1]}) but different source subwords"
+        if self.tgt.get_vocab() != other.tgt.get_vocab():
+            return f"the same size ({ours[0]}/{ours[1]}) but different target subwords"
+        return None
+
     def _side(self, side: Side) -> HFTokenizer:
         if side == "src":
             return self.src

@@ -162,6 +162,13 @@ def run_checkpoints(run_dir: str | os.PathLike[str]) -> list[CheckpointInfo]:
     return infos
 
 
+#: The callback that keeps the checkpoints each mode reads: the best by val/bleu, the latest.
+_KEEP_OPTION = {
+    "best": "callbacks.model_checkpoint.save_top_k",
+    "last": "callbacks.recent_checkpoints.save_top_k",
+}
+
+
 def select_checkpoints(run_dir: str | os.PathLike[str], n: int, mode: str = "last") -> list[Path]:
     """The ``n`` latest (``mode="last"``, by step) or best (``"best"``, by val/bleu) checkpoints.
 
@@ -179,7 +186,7 @@ def select_checkpoints(run_dir: str | os.PathLike[str], n: int, mode: str = "las
         raise CheckpointError(
             f"{run_dir} has {len(usable)} checkpoints with a known {key_name} "
             f"({', '.join(i.path.name for i in usable) or 'none'}), fewer than the {n} asked "
-            "for; ask for fewer, or train with callbacks.model_checkpoint.save_top_k=N"
+            f"for; ask for fewer, or train with {_KEEP_OPTION[mode]}=N"
         )
     usable.sort(key=lambda i: (getattr(i, key_name), i.step or 0), reverse=True)
     chosen = usable[:n]

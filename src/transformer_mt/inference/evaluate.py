@@ -33,7 +33,13 @@ from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
 from transformer_mt.data.collate import source_limit
 from transformer_mt.data.config import DataConfig, register_stored_overrides
 from transformer_mt.data.prepare import PreparedData, decode_loader, prepare
-from transformer_mt.files import write_text_atomic
+from transformer_mt.files import (
+    check_output_file,
+    check_outputs_apart,
+    read_lines,
+    replaced_lines_warning,
+    write_text_atomic,
+)
 from transformer_mt.inference.decode import decode, progress_bar
 from transformer_mt.inference.export_ctranslate2 import open_engine
 from transformer_mt.inference.metrics import corpus_scores
@@ -84,8 +90,22 @@ def _training_run_data(ckpt_path: Path) -> dict[str, Any] | None:
             continue
         if isinstance(data, dict):
             log.info("data config from the training run: %s", config_file)
-            return data
+            return _absolute_data_dir(data, run_dir / ".hydra" / "hydra.yaml")
     return None
+
+
+def _absolute_data_dir(data: dict[str, Any], hydra_file: Path) -> dict[str, Any]:
+    """A relative ``data.dir`` resolved against the directory the training run started in."""
+    typed = data.get("dir")
+    if not typed or Path(str(typed)).is_absolute() or not hydra_file.is_file():
+        return data
+    try:
+        cwd = OmegaConf.select(OmegaConf.load(hydra_file), "hydra.runtime.cwd")
+    except Exception:  # a broken file: keep the path as typed
+        return data
+    if not cwd:
+        return data
+    return {**data, "dir": str(Path(str(cwd)) / str(typed)), "dir_as_typed": typed}
 
 
 def resolve_data_config(cfg_data: Any, loaded: LoadedModel) -> tuple[DataConfig, str]:
@@ -142,12 +162,37 @@ def load_split(data: DataConfig, loaded: LoadedModel, split: str) -> PreparedDat
     return prepared
 
 
-def _read_lines(path: str, what: str) -> list[str]:
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"{what} {file} does not exist; check the path")
-    with open(file, encoding="utf-8", errors="replace", newline="\n") as f:
-        return [line.rstrip("\n").rstrip("\r") for line in f]
+def _read_lines(path: str, what: str, errors: str) -> list[str]:
+    """The lines of a source or reference file, strictly UTF-8 unless ``errors=replace``."""
+    lines, replaced = read_lines(path, what, errors=errors, fix="errors=replace")
+    if replaced:
+        log.warning(replaced_lines_warning(path, replaced))
+    return lines
+
+
+def output_paths(cfg: DictConfig) -> tuple[Path, Path]:
+    """``results.json`` and the hypotheses file this evaluation writes."""
+    results_path = Path(str(cfg.get("results_path") or Path(str(cfg.run_dir)) / "results.json"))
+    hyp_path = Path(str(cfg.get("hypotheses_path") or results_path.with_name("hypotheses.txt")))
+    return results_path, hyp_path
+
+
+def check_paths(cfg: DictConfig) -> None:
+    """Before any work: no output may overwrite or sit inside an input (files.py's rule)."""
+    results_path, hyp_path = output_paths(cfg)
+    inputs = [
+        ("ckpt_path", cfg.get("ckpt_path")),
+        ("source_file", cfg.get("source_file")),
+        ("reference_file", cfg.get("reference_file")),
+        ("engine_model", cfg.get("engine_model")),
+    ]
+    data_dir = (cfg.get("data") or {}).get("dir")
+    if data_dir:
+        inputs.append(("data.dir", data_dir))
+    outputs = [("results_path", results_path), ("hypotheses_path", hyp_path)]
+    check_outputs_apart(outputs, [(what, str(p)) for what, p in inputs if p])
+    for what, path in outputs:
+        check_output_file(path, what)
 
 
 # ----------------------------------------------------------------------------- pipeline
@@ -160,6 +205,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "no checkpoint given; run `python evaluate.py ckpt_path=PATH`, e.g. "
             "ckpt_path=outputs/<task>/runs/<time>/checkpoints/last.ckpt"
         )
+    check_paths(cfg)
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     device = resolve_device(cfg.get("device", "auto"))
@@ -179,9 +225,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     source_file = cfg.get("source_file")
     progress = bool(cfg.get("progress", True))
     if source_file:
-        sources = _read_lines(str(source_file), "source_file")
+        errors = str(cfg.get("errors") or "strict")
+        sources = _read_lines(str(source_file), "source_file", errors)
         reference_file = cfg.get("reference_file")
-        references = _read_lines(str(reference_file), "reference_file") if reference_file else None
+        references = (
+            _read_lines(str(reference_file), "reference_file", errors) if reference_file else None
+        )
         if references is not None and len(references) != len(sources):
             raise DataMismatchError(
                 f"source_file has {len(sources)} lines but reference_file has "
@@ -211,6 +260,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         batches = decode_loader(prepared, split, limit, max_tokens, max_sentences)
         data_info = {"split": split, "origin": origin, "config": data.to_dict()}
 
+    if not sources:  # a score of nothing would read as a result
+        where = source_file or f"split {cfg.get('split', 'test')!r}"
+        raise DataMismatchError(
+            f"nothing to evaluate: {where} has no lines; pass a file or split with sentences"
+        )
     log.info("decoding %d sentences on %s: %s", len(sources), device, _search_name(search))
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -219,6 +273,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     engine = open_engine(
         cfg.get("engine"), ckpt_path, search, cfg.get("engine_model"),
         compute_type=cfg.get("compute_type"), threads=cfg.get("threads"),
+        tokenizer=loaded.tokenizer,
     )  # fmt: skip
     with progress_bar(progress, len(sources)) as advance:
         if engine is not None:  # CTranslate2 over the same batches
@@ -256,8 +311,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         results["metrics"] = {"bleu": scores.bleu, "bleu_lc": scores.bleu_lc, "chrf": scores.chrf}
         results["signature"] = {"bleu": scores.bleu_signature, "chrf": scores.chrf_signature}
 
-    results_path = Path(str(cfg.get("results_path") or Path(str(cfg.run_dir)) / "results.json"))
-    hyp_path = Path(str(cfg.get("hypotheses_path") or results_path.with_name("hypotheses.txt")))
+    results_path, hyp_path = output_paths(cfg)
     results["hypotheses_path"] = str(hyp_path)
     for path in (results_path, hyp_path):
         path.parent.mkdir(parents=True, exist_ok=True)

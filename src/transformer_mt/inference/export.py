@@ -18,18 +18,21 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_checkpoint, load_model
-from transformer_mt.files import write_text_atomic
+from transformer_mt.files import check_output_parent, check_outputs_apart, write_text_atomic
 from transformer_mt.inference.export_card import model_card
 from transformer_mt.inference.export_hf import ExportError, _require, check_logits, to_huggingface
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("huggingface", "ctranslate2")
+#: Written last into every export: ``--force`` replaces a directory only if it holds one.
+MARKER = ".transformer-mt-export"
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16")
 
 
@@ -44,8 +47,8 @@ def export_huggingface(
     The directory is built next to ``out_dir`` and renamed into place when complete, so an
     interrupted export never leaves a half-written model behind.
     """
-    out_dir = Path(out_dir)
-    _check_out_dir(out_dir, force)
+    out_dir = Path(os.path.abspath(out_dir))
+    check_out_dir(out_dir, force, [("--ckpt", ckpt), ("--results", results)])
     results_data = _read_results(results) if results is not None else None
     loaded = load_model(ckpt)
     checkpoint = load_checkpoint(ckpt)
@@ -53,7 +56,7 @@ def export_huggingface(
     sample = _sample_texts(loaded)
     diff = check_logits(loaded, hf, sample)
     log.info("exported logits match ours to %.2g on %d sentences", diff, len(sample))
-    with _staging(out_dir, force) as tmp:
+    with _staging(out_dir, "huggingface") as tmp:
         hf.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         _portable_tokenizer_class(tmp / "tokenizer_config.json")
@@ -87,7 +90,7 @@ def export_ctranslate2(
         raise ExportError(
             f"unknown quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}"
         )
-    hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    hf_dir, out_dir = Path(hf_dir), Path(os.path.abspath(out_dir))
     config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
     model_type = config.get("model_type")
     if model_type not in ("marian", "pegasus"):
@@ -95,7 +98,7 @@ def export_ctranslate2(
             f"{hf_dir} holds a {model_type!r} model, not one exported by transformer-mt-export; "
             "export the checkpoint first (transformer-mt-export --ckpt ... --out DIR)"
         )
-    _check_out_dir(out_dir, force)
+    check_out_dir(out_dir, force, [("model directory", hf_dir)])
 
     class Loader(ct2_transformers.BartLoader):  # the converter's own encoder-decoder loader
         @property
@@ -108,10 +111,13 @@ def export_ctranslate2(
             return super().get_model_spec(model)
 
     config_class = "MarianConfig" if model_type == "marian" else "PegasusConfig"
-    with _loader_for(ct2_transformers, config_class, Loader()), _staging(out_dir, force) as tmp:
+    with (
+        _loader_for(ct2_transformers, config_class, Loader()),
+        _staging(out_dir, "ctranslate2") as tmp,
+    ):
         converter = converters.TransformersConverter(str(hf_dir))
         converter.convert(str(tmp), quantization=quantization, force=True)
-        for name in ("generation_config.json", "README.md"):
+        for name in ("generation_config.json", "README.md"):  # the marker is written after
             if (hf_dir / name).is_file():
                 shutil.copy2(hf_dir / name, tmp / name)
         if (hf_dir / "transformer_mt").is_dir():
@@ -136,25 +142,38 @@ def _loader_for(module: Any, config_class: str, loader: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _staging(out_dir: Path, force: bool) -> Iterator[Path]:
-    """A fresh sibling directory that replaces ``out_dir`` when the block succeeds."""
-    tmp = out_dir.with_name(f".{out_dir.name}.partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+def _staging(out_dir: Path, fmt: str) -> Iterator[Path]:
+    """A new sibling directory that replaces ``out_dir`` when the block succeeds.
+
+    The sibling names are fresh (``mkdtemp``), so no existing file is ever removed to make
+    room; ``out_dir`` itself is replaced only after :func:`check_out_dir` found it empty or a
+    previous export (its marker).
+    """
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _fresh_sibling(out_dir, ".partial")
     try:
         yield tmp
+        write_text_atomic(tmp / MARKER, json.dumps({"format": fmt}) + "\n")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        out_dir.rename(old)
+    if not out_dir.exists():
         tmp.rename(out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(out_dir)
+        return
+    # rename() replaces an empty directory: the reserved name takes the previous export.
+    old = _fresh_sibling(out_dir, ".old")
+    os.replace(out_dir, old)
+    tmp.rename(out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _fresh_sibling(out_dir: Path, suffix: str) -> Path:
+    """A new empty directory beside ``out_dir`` with the permissions ``mkdir`` would give."""
+    path = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=suffix, dir=out_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the export private
+    return path
 
 
 def _portable_tokenizer_class(path: Path) -> None:
@@ -164,13 +183,27 @@ def _portable_tokenizer_class(path: Path) -> None:
     write_text_atomic(path, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
-def _check_out_dir(out_dir: Path, force: bool) -> None:
+def check_out_dir(out_dir: Path, force: bool, inputs: Sequence[tuple[str, Any]] = ()) -> None:
+    """Refuse, before any work, an ``--out`` that an export would destroy or cannot write.
+
+    ``--force`` replaces a previous export only (recognised by its :data:`MARKER` file), never
+    an arbitrary directory, and no output may be, contain or lie inside an input.
+    """
+    check_outputs_apart([("--out", out_dir)], inputs)
     if out_dir.exists() and not out_dir.is_dir():
         raise ExportError(f"--out {out_dir} is a file; pass a directory path")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
+    check_output_parent(out_dir, "--out")
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return
+    if not force:
         raise ExportError(
-            f"--out {out_dir} exists and is not empty; pass --force to replace it, or choose "
-            "another directory"
+            f"--out {out_dir} exists and is not empty; pass --force to replace a previous "
+            "export there, or choose another directory"
+        )
+    if not (out_dir / MARKER).is_file():
+        raise ExportError(
+            f"--out {out_dir} is not a previous export (it has no {MARKER} file), so --force "
+            "does not replace it; choose another directory, or empty this one yourself"
         )
 
 
@@ -214,30 +247,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="CTranslate2 weight type (default float32)",
     )
     parser.add_argument("--results", type=Path, help="results.json of evaluate.py, for the card")
-    parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a previous export in --out (never other files)",
+    )
     return parser
+
+
+def _export(args: argparse.Namespace) -> None:
+    if args.quantization is not None and args.format != "ctranslate2":
+        raise ExportError("--quantization applies to --format ctranslate2 only; add it")
+    out = Path(os.path.abspath(args.out))
+    if args.format == "huggingface":
+        export_huggingface(args.ckpt, out, args.results, args.force)
+        return
+    check_out_dir(out, args.force, [("--ckpt", args.ckpt), ("--results", args.results)])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".hf", dir=out.parent) as hf:
+        hf_dir = export_huggingface(args.ckpt, Path(hf) / "hf", args.results)
+        export_ctranslate2(hf_dir, out, args.quantization, args.force)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        if args.quantization is not None and args.format != "ctranslate2":
-            raise ExportError("--quantization applies to --format ctranslate2 only; add it")
-        if args.format == "huggingface":
-            export_huggingface(args.ckpt, args.out, args.results, args.force)
-        else:
-            _check_out_dir(args.out, args.force)
-            hf_dir = args.out.with_name(f".{args.out.name}.hf")
-            shutil.rmtree(hf_dir, ignore_errors=True)
-            try:
-                export_huggingface(args.ckpt, hf_dir, args.results, force=True)
-                export_ctranslate2(hf_dir, args.out, args.quantization, args.force)
-            finally:
-                shutil.rmtree(hf_dir, ignore_errors=True)
-    except (ExportError, CheckpointError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        _export(args)
+    except (ExportError, CheckpointError, ValueError, OSError) as err:
+        from transformer_mt.cli import EXIT_USER_ERROR, one_line
+
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        return EXIT_USER_ERROR
     print(args.out)
     return 0
 

@@ -61,31 +61,24 @@ class CTranslate2Translator:
         threads: intra-op threads (0 = CTranslate2's default).
         max_tokens: padded source tokens per batch.
         device: ``"cpu"`` or ``"cuda"``.
+        tokenizer: the checkpoint's tokenizer; the model directory's must equal it.
     """
 
     def __init__(
         self,
         model_dir: str | os.PathLike[str],
         search: SearchConfig | None = None,
+        *,
         compute_type: str = "default",
         threads: int = 0,
         max_tokens: int = 4096,
         device: str = "cpu",
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         ctranslate2 = _require("ctranslate2")
         model_dir = Path(model_dir)
-        if not (model_dir / "model.bin").is_file():
-            raise ExportError(
-                f"{model_dir} is not a CTranslate2 model directory (no model.bin); write one "
-                "with transformer-mt-export --ckpt CKPT --out DIR --format ctranslate2"
-            )
-        if not (model_dir / META_DIR).is_dir():
-            raise ExportError(
-                f"{model_dir} has no {META_DIR}/ tokenizer: it was not written by "
-                "transformer-mt-export; export the checkpoint again"
-            )
         self.model_dir = model_dir
-        self.tokenizer = Tokenizer.load(model_dir / META_DIR)
+        self.tokenizer = read_model_tokenizer(model_dir, tokenizer)
         generation = _read_json(model_dir / "generation_config.json")
         self.max_len = int(generation.get("max_length") or 1024)
         if search is None:
@@ -95,14 +88,26 @@ class CTranslate2Translator:
             )
         self.search = search
         self.max_tokens = max_tokens
-        self.compute_type = compute_type
-        self.translator = ctranslate2.Translator(
-            str(model_dir),
-            device=device,
-            compute_type=compute_type,
-            inter_threads=1,
-            intra_threads=threads,
-        )
+        self.compute_type = check_compute_type(compute_type, device)
+        try:
+            self.translator = ctranslate2.Translator(
+                str(model_dir),
+                device=device,
+                compute_type=compute_type,
+                inter_threads=1,
+                intra_threads=threads,
+            )
+        except ValueError as err:  # a compute type or device this machine cannot run
+            raise ExportError(
+                f"cannot load the CTranslate2 model {model_dir} with compute type "
+                f"{compute_type!r} on {device}: {' '.join(str(err).split())}; on {device} it runs "
+                f"{supported_compute_types(device)} (or default, auto)"
+            ) from None
+        except RuntimeError as err:  # a damaged model.bin
+            raise ExportError(
+                f"cannot load the CTranslate2 model {model_dir}: {' '.join(str(err).split())}; "
+                "export the checkpoint again with transformer-mt-export --format ctranslate2"
+            ) from None
         self._suppress = [[PAD], [BOS]]
         self._tmp: Any = None
 
@@ -219,10 +224,76 @@ class CTranslate2Translator:
         return self.tokenizer.decode_hypotheses(self.translate_ids(self.encode(lines)))
 
 
+def read_model_tokenizer(model_dir: Path, expected: Tokenizer | None = None) -> Tokenizer:
+    """The tokenizer inside an exported model directory, checked before the first batch.
+
+    Raises:
+        ExportError: not a CTranslate2 export of ours, or (with ``expected``, the checkpoint's
+            tokenizer) a model exported from a checkpoint with another tokenizer: its ids
+            would mean other subwords and every line would decode to garbage.
+    """
+    if not model_dir.is_dir() or not (model_dir / "model.bin").is_file():
+        raise ExportError(
+            f"{model_dir} is not a CTranslate2 model directory (no model.bin); write one "
+            "with transformer-mt-export --ckpt CKPT --out DIR --format ctranslate2"
+        )
+    if not (model_dir / META_DIR).is_dir():
+        raise ExportError(
+            f"{model_dir} has no {META_DIR}/ tokenizer: it was not written by "
+            "transformer-mt-export; export the checkpoint again"
+        )
+    try:
+        tokenizer = Tokenizer.load(model_dir / META_DIR)
+    except (OSError, ValueError) as err:
+        raise ExportError(
+            f"cannot read the tokenizer of {model_dir} ({' '.join(str(err).split())}); "
+            "export the checkpoint again"
+        ) from None
+    how = None if expected is None else expected.difference(tokenizer)
+    if how is not None:
+        raise ExportError(
+            f"the CTranslate2 model {model_dir} was exported from a checkpoint with another "
+            f"tokenizer than the checkpoint's (checkpoint vs model: {how}); pass the "
+            "CTranslate2 export of this checkpoint (transformer-mt-export --ckpt CKPT --out DIR "
+            "--format ctranslate2), or leave out the model directory to convert it on the fly"
+        )
+    return tokenizer
+
+
+#: Every compute type CTranslate2 knows; which of them run on a device it says itself.
+COMPUTE_TYPES = (
+    "default", "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
+    "float16", "bfloat16", "float32",
+)  # fmt: skip
+
+
+def supported_compute_types(device: str) -> str:
+    """The compute types CTranslate2 runs on ``device``, for messages."""
+    import ctranslate2
+
+    try:
+        return ", ".join(sorted(ctranslate2.get_supported_compute_types(device)))
+    except (RuntimeError, ValueError):
+        return "none (CTranslate2 cannot use this device)"
+
+
+def check_compute_type(compute_type: str, device: str) -> str:
+    """``compute_type`` if CTranslate2 knows it; else one line listing those ``device`` runs."""
+    if compute_type not in COMPUTE_TYPES:
+        raise ExportError(
+            f"unknown compute type {compute_type!r}; on {device} CTranslate2 runs "
+            f"{supported_compute_types(device)} (or default, auto)"
+        )
+    return compute_type
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
-    data = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ExportError(f"cannot read {path} ({err}); export the checkpoint again") from None
     return data if isinstance(data, dict) else {}
 
 

@@ -13,13 +13,16 @@ tokenizer.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import logging
+import re
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict
-from typing import Any, TextIO
+from pathlib import Path
+from typing import Any, BinaryIO, TextIO
 
 import torch
 
@@ -27,10 +30,21 @@ from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
 from transformer_mt.data.batching import decode_sampler
 from transformer_mt.data.collate import Collate, source_limit
 from transformer_mt.data.config import DataConfig
+from transformer_mt.files import (
+    TEXT_ERRORS,
+    atomic_write,
+    check_output_file,
+    check_outputs_apart,
+    decode_lines,
+    replaced_lines_warning,
+)
 from transformer_mt.inference.decode import decode, progress_bar
 from transformer_mt.inference.search import SearchConfig
 
 log = logging.getLogger(__name__)
+
+#: The option that reads undecodable input bytes as U+FFFD instead of refusing them.
+ERRORS_FIX = "--errors replace"
 
 #: Budget when neither the caller nor the checkpoint's data config gives one.
 DEFAULT_MAX_TOKENS = 4096
@@ -180,7 +194,7 @@ class Translator:
 def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
     chunk: list[str] = []
     for line in lines:
-        chunk.append(line.rstrip("\n").rstrip("\r"))
+        chunk.append(line)
         if len(chunk) == size:
             yield chunk
             chunk = []
@@ -228,30 +242,122 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--ct2-model", help="CTranslate2 dir of transformer-mt-export (optional)")
     parser.add_argument("--compute-type", help="CTranslate2 weights: int8, float32, ...")
+    parser.add_argument(
+        "--errors",
+        choices=TEXT_ERRORS,
+        default="strict",
+        help="input bytes that are not UTF-8: strict (refuse, naming the line) or replace "
+        "(read them as U+FFFD, with a warning that counts the lines)",
+    )
     return parser
 
 
-def _open_input(name: str) -> TextIO:
-    # Split on "\n" only (newline="\n"), so a stray "\r" or U+2028 inside a line cannot add
-    # lines; undecodable bytes become U+FFFD instead of stopping the run.
+def _open_input(name: str) -> BinaryIO:
+    """The raw bytes of ``name`` ('-' = stdin); decoded by :func:`decode_lines`."""
     if name == "-":
-        return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
-    return open(name, encoding="utf-8", errors="replace", newline="\n")
+        return sys.stdin.buffer
+    if Path(name).is_dir():
+        raise IsADirectoryError(f"--input {name} is a directory; pass a text file")
+    if not Path(name).exists():
+        raise FileNotFoundError(f"--input {name} does not exist; check the path")
+    try:
+        return open(name, "rb")
+    except PermissionError:
+        raise PermissionError(
+            f"--input {name} cannot be read (permission denied); fix its permissions"
+        ) from None
 
 
-def _open_output(name: str) -> TextIO:
-    if name == "-":
-        return io.TextIOWrapper(
-            sys.stdout.buffer, encoding="utf-8", newline="\n", line_buffering=False
+def _check_input_text(name: str, errors: str) -> None:
+    """Refuse a file with undecodable bytes before any work (stdin is checked as it streams)."""
+    if name == "-" or errors != "strict" or not Path(name).is_file():
+        return  # stdin, or a path _open_input reports
+    with open(name, "rb") as handle:
+        for _ in decode_lines(handle, name, errors=errors, fix=ERRORS_FIX):
+            pass
+
+
+@contextlib.contextmanager
+def _open_output(name: str) -> Iterator[TextIO]:
+    """stdout, or the file written through a temporary file and renamed when complete.
+
+    A failed or interrupted run therefore leaves an existing output file as it was.
+    """
+    if name != "-":
+        with atomic_write(name, "w", encoding="utf-8", newline="\n") as handle:
+            yield handle
+        return
+    sink = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
+    try:
+        yield sink
+    finally:
+        sink.flush()
+        sink.detach()  # leave sys.stdout usable
+
+
+#: The Hydra key of a shared message -> this command's flag, so that a fix is typed as given.
+_FLAGS = {
+    "decoding.beam_size=": "--beam-size ",
+    "max_len_a=": "--max-len-a ",
+    "max_len_b=": "--max-len-b ",
+    "device=": "--device ",
+}
+
+
+def in_flag_syntax(message: str) -> str:
+    """``message`` with evaluate.py's ``key=value`` fixes written as this command's flags."""
+    for key, flag in _FLAGS.items():
+        message = re.sub(rf"(?<![\w.]){re.escape(key)}", flag, message)
+    return message
+
+
+def _open_translator(args: argparse.Namespace) -> Any:
+    """The engine the options ask for; refuses unsafe paths before loading anything."""
+    check_outputs_apart(
+        [("--output", args.output)],
+        [("--input", args.input), ("--ckpt", args.ckpt), ("--ct2-model", args.ct2_model)],
+    )
+    check_output_file(args.output, "--output")
+    _check_input_text(args.input, args.errors)
+    if args.buffer_size < 1:
+        raise ValueError(f"--buffer-size must be >= 1, got {args.buffer_size}")
+    try:
+        device = resolve_device(args.device)
+        loaded = load_model(args.ckpt, device)
+        search = search_config(
+            loaded.decoding,
+            beam_size=1 if args.greedy else args.beam_size,
+            length_penalty=args.length_penalty,
+            max_len_a=args.max_len_a,
+            max_len_b=args.max_len_b,
         )
-    return open(name, "w", encoding="utf-8", newline="\n")
+    except ValueError as err:
+        raise type(err)(in_flag_syntax(str(err))) from None
+    translator: Any = Translator(loaded, search, args.max_tokens, args.batch_size)
+    if args.engine != "torch":  # the same tokenizer, caps and banned tokens
+        from transformer_mt.inference.export_ctranslate2 import open_engine
+
+        translator = open_engine(
+            args.engine, args.ckpt, search, args.ct2_model,
+            compute_type=args.compute_type, max_tokens=translator.max_tokens,
+            tokenizer=loaded.tokenizer,
+        )  # fmt: skip
+    return translator
+
+
+def _error(err: BaseException) -> int:
+    from transformer_mt.cli import EXIT_USER_ERROR, one_line
+
+    print(f"error: {one_line(err)}", file=sys.stderr)
+    return EXIT_USER_ERROR
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status.
 
-    A user error (missing or unsafe checkpoint, bad option) is one ``error:`` line on stderr
-    and status 2, as for train.py and evaluate.py (transformer_mt.cli); Ctrl-C gives 130.
+    A user error (missing or unsafe checkpoint, bad option, input that is not UTF-8, an
+    output that would overwrite an input) is one ``error:`` line on stderr and status 2, as
+    for train.py and evaluate.py (transformer_mt.cli); Ctrl-C gives 130.
     """
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -260,50 +366,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        loaded = load_model(args.ckpt, resolve_device(args.device))
-        search = search_config(
-            loaded.decoding,
-            beam_size=1 if args.greedy else args.beam_size,
-            length_penalty=args.length_penalty,
-            max_len_a=args.max_len_a,
-            max_len_b=args.max_len_b,
-        )
-        translator: Any = Translator(loaded, search, args.max_tokens, args.batch_size)
-        if args.engine != "torch":  # the same tokenizer, caps and banned tokens
-            from transformer_mt.inference.export_ctranslate2 import open_engine
-
-            translator = open_engine(
-                args.engine, args.ckpt, search, args.ct2_model,
-                compute_type=args.compute_type, max_tokens=translator.max_tokens,
-            )  # fmt: skip
-        if args.buffer_size < 1:
-            raise ValueError(f"--buffer-size must be >= 1, got {args.buffer_size}")
-        source, sink = _open_input(args.input), _open_output(args.output)
+        translator = _open_translator(args)
+        source = _open_input(args.input)
     except (CheckpointError, ValueError, OSError) as err:
-        from transformer_mt.cli import one_line
-
-        print(f"error: {one_line(err)}", file=sys.stderr)
-        return 2
-    start, count = time.perf_counter(), 0
+        return _error(err)
+    start, count, replaced = time.perf_counter(), 0, []
+    lines = decode_lines(source, args.input, errors=args.errors, replaced=replaced, fix=ERRORS_FIX)
     try:
-        for chunk in _chunks(source, args.buffer_size):
-            for line in translator.translate(chunk, progress=args.progress):
-                sink.write(line + "\n")
-            sink.flush()
-            count += len(chunk)
+        with _open_output(args.output) as sink:
+            for chunk in _chunks(lines, args.buffer_size):
+                for line in translator.translate(chunk, progress=args.progress):
+                    sink.write(line + "\n")
+                sink.flush()
+                count += len(chunk)
     except KeyboardInterrupt:
         return 130
+    except (ValueError, OSError) as err:  # bytes that are not UTF-8 on stdin, a full disk
+        return _error(err)
     finally:
         if args.input != "-":
             source.close()
-        if args.output != "-":
-            sink.close()
-        else:
-            sink.detach()  # leave sys.stdout usable
-        if args.input == "-":
-            source.detach()
-    elapsed = time.perf_counter() - start
-    log.info("translated %d lines in %.1f s", count, elapsed)
+    if replaced:
+        log.warning(replaced_lines_warning(args.input, replaced))
+    log.info("translated %d lines in %.1f s", count, time.perf_counter() - start)
     return 0
 
 

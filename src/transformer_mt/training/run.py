@@ -96,7 +96,7 @@ def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
         optimizer=hydra.utils.instantiate(cfg.optimizer),
         tokenizer=tokenizer,
         # Stored in checkpoints: evaluate.py rebuilds the test split from it.
-        data_config=data_config.to_dict(),
+        data_config=data_config.stored(),
         src_lang=datamodule.src_lang,
         tgt_lang=datamodule.tgt_lang,
         **module_args,

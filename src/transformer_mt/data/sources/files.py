@@ -170,6 +170,17 @@ def _stream_to_arrow(
         raise
 
 
+def _missing_directory(directory: Path) -> str:
+    """The message for a missing ``data.dir``: a relative path names the directory it meant."""
+    text = f"Corpus directory not found: {directory} (absolute: {directory.absolute()}). "
+    if not directory.is_absolute():
+        return text + (
+            f"A relative data.dir resolves against the current directory ({Path.cwd()}); run "
+            "from the directory it is relative to, or set data.dir to an absolute path."
+        )
+    return text + "Set data.dir to a directory of parallel text, e.g. data.dir=/data/multi30k."
+
+
 def load_files_corpus(
     directory: str | os.PathLike[str],
     src_lang: str,
@@ -195,10 +206,7 @@ def load_files_corpus(
     """
     directory = Path(directory).expanduser()
     if not directory.is_dir():
-        raise FileNotFoundError(
-            f"Corpus directory not found: {directory} (absolute: {directory.absolute()}). "
-            "Set data.dir to a directory of parallel text, e.g. data.dir=../shared/data/multi30k."
-        )
+        raise FileNotFoundError(_missing_directory(directory))
     out = {}
     for split, prefix in dict(prefixes or DEFAULT_PREFIXES).items():
         fmt = file_format
