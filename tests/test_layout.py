@@ -32,7 +32,6 @@ TO_SHORTEN: dict[str, str] = {
     "inference/decode.py:decode": "keyword-only options after the batches",
     "inference/evaluate.py:run": "split by input mode and reporting",
     "inference/export_card.py:model_card": "sections built by small helpers",
-    "inference/export_ctranslate2.py:__init__": "keyword-only engine options",
     "inference/search.py:greedy_search": "keyword-only options from SearchConfig",
     "inference/search.py:beam_search": "steps of the search as helpers, keyword-only options",
     "model/attention.py:_combine_masks": "keyword-only masks",

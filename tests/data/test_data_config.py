@@ -99,3 +99,22 @@ def test_evaluate_overrides_cover_every_key_and_merge_over_the_stored_config() -
     assert origin == "checkpoint"
     changed = replace(stored, max_len=20, prefixes={**stored.prefixes, "test": "test_2017_flickr"})
     assert config == changed
+
+
+def test_a_checkpoint_stores_data_dir_absolute_and_as_typed(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    stored = DataConfig(source="files", dir="corpus").stored()
+    assert (stored["dir"], stored["dir_as_typed"]) == (str(tmp_path / "corpus"), "corpus")
+    assert DataConfig.from_dict(stored).dir == str(tmp_path / "corpus")  # from any directory
+    assert "dir_as_typed" not in DataConfig().stored()  # generated data has no directory
+
+
+def test_a_relative_dir_of_an_older_run_resolves_against_where_it_started(tmp_path) -> None:
+    from transformer_mt.inference.evaluate import _absolute_data_dir
+
+    hydra_file = tmp_path / ".hydra" / "hydra.yaml"
+    hydra_file.parent.mkdir()
+    hydra_file.write_text("hydra:\n  runtime:\n    cwd: /home/me/project\n")
+    data = {"source": "files", "dir": "../shared/data/multi30k"}
+    assert _absolute_data_dir(data, hydra_file)["dir"] == "/home/me/project/../shared/data/multi30k"
+    assert _absolute_data_dir({"dir": "/abs"}, hydra_file) == {"dir": "/abs"}

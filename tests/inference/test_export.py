@@ -8,6 +8,7 @@ The trained model is a tiny copy model trained here for a few seconds, once per 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -273,6 +274,40 @@ def test_cli_refuses_a_non_empty_out_dir(tmp_path: Path, capsys) -> None:
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
 
 
+def test_force_replaces_a_previous_export_only(tmp_path: Path, capsys) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "keep.txt").write_text("mine")
+    assert main(["--ckpt", str(FIXTURE_V1), "--out", str(tmp_path / "mine"), "--force"]) == 2
+    assert "is not a previous export" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["keep.txt"]
+    # An out directory that holds the checkpoint is refused before any work.
+    run = tmp_path / "run" / "checkpoints"
+    run.mkdir(parents=True)
+    ckpt = run / "best.ckpt"
+    ckpt.write_bytes(FIXTURE_V1.read_bytes())
+    assert main(["--ckpt", str(ckpt), "--out", str(run), "--force"]) == 2
+    assert f"--out {run} contains the --ckpt {ckpt}" in capsys.readouterr().err
+    assert [p.name for p in run.iterdir()] == ["best.ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "run"]  # no staging debris
+
+
+def test_force_replaces_a_previous_export(ckpt: Path, tmp_path: Path) -> None:
+    out = tmp_path / "exported"
+    export_huggingface(ckpt, out)
+    assert (out / ".transformer-mt-export").is_file()
+    assert oct(out.stat().st_mode & 0o777) == oct(0o777 & ~_umask())
+    (out / "stale.txt").write_text("from the previous export's day")
+    export_huggingface(ckpt, out, force=True)
+    assert not (out / "stale.txt").exists() and (out / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def test_pipeline_translates(hf_dir: Path) -> None:
     if int(transformers.__version__.split(".")[0]) >= 5:
         pytest.skip("transformers 5 removed the translation pipeline; generate is tested above")
@@ -312,6 +347,22 @@ def test_ctranslate2_greedy_equals_ours(ct2_dir: Path, ckpt: Path) -> None:
     tight = CTranslate2Translator(ct2_dir, SearchConfig(beam_size=1, max_len_a=0.3, max_len_b=1))
     capped = greedy_search(ours.model, source_tensor(ours.tokenizer, texts), 1, 2, 0.3, 1)
     assert tight.translate_ids(ids) == [[t for t in row if t != 2] for row in strip(capped)]
+
+
+def test_ctranslate2_refuses_a_model_with_another_tokenizer(ct2_dir: Path, ckpt: Path) -> None:
+    from transformer_mt.inference.export_ctranslate2 import CTranslate2Translator
+
+    other = load_model(FIXTURE_V1).tokenizer
+    with pytest.raises(ExportError) as err:
+        CTranslate2Translator(ct2_dir, tokenizer=other)
+    assert f"the CTranslate2 model {ct2_dir} was exported from a checkpoint with another " in (
+        str(err.value)
+    )
+    assert "(checkpoint vs model: " in str(err.value)
+    with pytest.raises(ExportError, match="unknown compute type 'int3'; on cpu CTranslate2 runs"):
+        CTranslate2Translator(ct2_dir, compute_type="int3")
+    own = CTranslate2Translator(ct2_dir, tokenizer=load_model(ckpt).tokenizer)
+    assert own.tokenizer.difference(load_model(ckpt).tokenizer) is None
 
 
 def test_ctranslate2_int8_runs(ct2_dir: Path) -> None:

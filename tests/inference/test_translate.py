@@ -94,7 +94,41 @@ def test_errors_are_one_line(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureF
     err = capsys.readouterr().err.strip()
     assert "does not exist" in err and len(err.splitlines()) == 1
     assert main(["--ckpt", str(ckpt), "--beam-size", "0"]) == 2
-    assert "beam_size must be >= 1" in capsys.readouterr().err
+    assert "beam_size must be >= 1, got 0; set --beam-size 1 (greedy)" in capsys.readouterr().err
+
+
+def test_output_over_the_input_is_refused_and_the_input_kept(
+    ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    src = tmp_path / "f.de"
+    src.write_text("Anna has two apples.\n", encoding="utf-8")
+    assert main(["--ckpt", str(ckpt), "-i", str(src), "-o", str(src)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --output {src} is the --input {src}: writing it would destroy the input; "
+        "choose another --output\n"
+    )
+    assert src.read_text(encoding="utf-8") == "Anna has two apples.\n"
+
+
+def test_input_that_is_not_utf8_is_refused_or_replaced_on_request(
+    ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+) -> None:
+    src, out = tmp_path / "latin1.de", tmp_path / "out.txt"
+    src.write_bytes("Anna hat zwei Äpfel.\nTom hat drei.\n".encode("latin-1"))
+    out.write_text("an earlier translation\n")
+    assert main(["--ckpt", str(ckpt), "-i", str(src), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"error: {src}, line 1: not valid UTF-8 (invalid continuation byte at byte 14"
+    )
+    assert out.read_text() == "an earlier translation\n"  # untouched by the failed run
+    assert main(["--ckpt", str(ckpt), "-i", str(src), "-o", str(out), "--errors", "replace"]) == 0
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 2
+    warned = [m for m in caplog.messages if "not valid UTF-8 and were read with U+FFFD" in m]
+    assert warned == [
+        f"{src}: 1 line(s) are not valid UTF-8 and were read with U+FFFD replacement characters "
+        "(lines 1); scores and translations of these lines are not those of the intended text"
+    ]
 
 
 def test_help() -> None:

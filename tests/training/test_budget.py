@@ -129,6 +129,23 @@ def test_budget_state_survives_a_checkpoint() -> None:
     assert (restored.elapsed(), restored.warmup_end, restored.last_validation) == (30.0, 12.0, 4.0)
 
 
+def test_a_resume_with_the_budget_used_up_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    budget = VirtualClockBudget(step_seconds=1.0)
+    budget.seconds, budget.elapsed_before = 60.0, 61.5
+    with caplog.at_level("WARNING", logger="transformer_mt.training.budget"):
+        budget.on_train_start(None, None)  # type: ignore[arg-type]
+    assert caplog.messages[-1] == (
+        "the wall-clock budget trainer.max_time (60 s) was used up by the earlier part(s) of "
+        "this run (62 s): training stops at once; to train on, resume with a larger "
+        "trainer.max_time"
+    )
+    caplog.clear()
+    budget.elapsed_before = 10.0
+    with caplog.at_level("WARNING", logger="transformer_mt.training.budget"):
+        budget.on_train_start(None, None)  # type: ignore[arg-type]
+    assert not caplog.messages
+
+
 def _budget_run(
     tmp_path: Path, step_seconds: float, warmup_steps: int = 5
 ) -> tuple[dict[str, Any], list[float]]:

@@ -37,3 +37,31 @@ def test_tensorboard_writes_event_file(tmp_path: Path) -> None:
     cfg = compose_train(tmp_path, [*FAST_TRAIN, "logger=tensorboard", "test_after_fit=false"])
     run(cfg)
     assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
+
+
+def test_csv_logger_appends_to_an_earlier_part_and_widens_its_header(tmp_path: Path) -> None:
+    import csv
+
+    from transformer_mt.training.loggers import CSVLogger
+
+    first = CSVLogger(tmp_path, name="csv", version="")
+    first.log_metrics({"train/loss": 2.5}, step=0)
+    first.log_metrics({"train/loss": 2.0, "val/loss": 1.5}, step=1)
+    first.save()
+    # A resumed part: a new logger on the same directory, which Lightning's would empty.
+    second = CSVLogger(tmp_path, name="csv", version="")
+    second.log_metrics({"train/loss": 1.0}, step=2)
+    second.save()
+    second.log_metrics({"train/loss": 0.5, "val/bleu": 12.0}, step=3)  # a new column
+    second.save()
+    with open(tmp_path / "csv" / "metrics.csv", newline="") as handle:
+        reader = csv.DictReader(handle)
+        rows = list(reader)
+    assert reader.fieldnames == ["step", "train/loss", "val/bleu", "val/loss"]
+    assert [(r["step"], r["train/loss"], r["val/loss"], r["val/bleu"]) for r in rows] == [
+        ("0", "2.5", "", ""),
+        ("1", "2.0", "1.5", ""),
+        ("2", "1.0", "", ""),
+        ("3", "0.5", "", "12.0"),
+    ]
+    assert [p.name for p in (tmp_path / "csv").iterdir()] == ["metrics.csv"]  # no temp left

@@ -321,6 +321,9 @@ def _open_translator(args: argparse.Namespace) -> Any:
     _check_input_text(args.input, args.errors)
     if args.buffer_size < 1:
         raise ValueError(f"--buffer-size must be >= 1, got {args.buffer_size}")
+    for flag, value in (("--ct2-model", args.ct2_model), ("--compute-type", args.compute_type)):
+        if value is not None and args.engine != "ctranslate2":
+            raise ValueError(f"{flag} applies to --engine ctranslate2 only; add it")
     try:
         device = resolve_device(args.device)
         loaded = load_model(args.ckpt, device)

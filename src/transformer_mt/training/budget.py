@@ -161,6 +161,14 @@ class TrainingBudget(Callback):
                 self.seconds,
                 self.elapsed_before,
             )
+            if self.elapsed_before >= self.seconds:  # a resume would otherwise end silently
+                log.warning(
+                    "the wall-clock budget trainer.max_time (%.0f s) was used up by the earlier "
+                    "part(s) of this run (%.0f s): training stops at once; to train on, resume "
+                    "with a larger trainer.max_time",
+                    self.seconds,
+                    self.elapsed_before,
+                )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.elapsed_before = self.elapsed()

@@ -28,9 +28,15 @@ from transformer_mt.checkpoint import CHECKPOINT_KEY, load_checkpoint, save_chec
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.model.transformer import ModelConfig, Transformer
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import FAST_TRAIN, FIXTURES
+
+#: A subprocess per case (each imports torch): tens of seconds in all, so `make test-all` runs
+#: it; tests/test_files.py, inference/test_translate.py and test_export.py hold in-process checks of the
+#: same rules for the default suite.
+pytestmark = pytest.mark.slow
+
 BIN = Path(sys.executable).parent
-FIXTURE_V1 = ROOT / "tests" / "fixtures" / "format_v1" / "model.ckpt"
+FIXTURE_V1 = FIXTURES / "format_v1" / "model.ckpt"
 LATIN1 = "Zwei Männer stehen am Herd.\nEin Mädchen läuft.\n".encode("latin-1")
 
 
@@ -375,8 +381,6 @@ def test_evaluate_refuses_a_ct2_model_of_another_checkpoint(
 def test_a_failed_multirun_job_exits_2_with_its_reason_once(
     sandbox: Sandbox, tmp_path: Path
 ) -> None:
-    from conftest import FAST_TRAIN
-
     done = run_command(
         sandbox,
         [
