@@ -21,8 +21,9 @@ What the user sees on stderr, and the exit status:
   exit 1 (:data:`EXIT_RUNTIME_ERROR`).
 - :class:`TrainingInterrupted`, Ctrl-C: ``error: <checkpoint to resume from>``, exit 130.
 - Anything else is a bug: its traceback, exit 1.
-- In a multirun (``-m``) a job's known failure prints ``error: job #N (<overrides>): ...``
-  once and the sweep goes on; the command then exits with the first failed job's status.
+- In a multirun (``-m``) a job's known failure goes back to Hydra as :class:`JobFailed`, whose
+  message is ``error: job #N (<overrides>): <cause and fix>``; the sweep goes on, Hydra prints
+  that line once, and the command exits with the failed job's status (2 for a user error).
 
 ``HYDRA_FULL_ERROR=1`` or ``TRANSFORMER_MT_DEBUG=1`` prints the traceback before the line.
 """
@@ -78,11 +79,11 @@ class TrainingInterrupted(Exception):
 
 
 class JobFailed(CompactHydraException):
-    """A multirun job's known failure, handed back to Hydra after its line was printed.
+    """A multirun job's known failure: ``error: job #N (<overrides>): <reason>``.
 
     Hydra prints a :class:`~hydra.errors.CompactHydraException` as its message alone (no
-    traceback), so the job's reason appears once, above; :func:`run_entry_point` turns the
-    sweep's end into the job's exit status (2 for a user error).
+    traceback); :func:`run_entry_point` turns the sweep's end into the job's exit status (2
+    for a user error) instead of Hydra's 1.
     """
 
     def __init__(self, message: str, exit_code: int) -> None:
@@ -224,19 +225,19 @@ def guarded(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _job_failed(exc: BaseException, code: int) -> Exception:
-    """Print a failed multirun job's reason once; the exception that tells Hydra it failed."""
+def _job_failed(exc: BaseException, code: int) -> JobFailed:
+    """The exception that tells Hydra a multirun job failed, its reason on one line.
+
+    Hydra prints it once (the basic sweeper, when the sweep ends) or records it (a sweep
+    summary's ``error`` column); nothing is printed here, so the reason never appears twice.
+    """
     from hydra.core.hydra_config import HydraConfig
 
-    job = HydraConfig.get().job
-    overrides = " ".join(HydraConfig.get().overrides.task)
     if _debug():
         traceback.print_exception(exc)
-    sys.stdout.flush()
-    print(f"error: job #{job.num} ({overrides}): {one_line(exc)}", file=sys.stderr, flush=True)
-    return JobFailed(
-        f"multirun job #{job.num} failed (exit status {code}); its error is above", code
-    )
+    job = HydraConfig.get().job
+    overrides = " ".join(HydraConfig.get().overrides.task)
+    return JobFailed(f"error: job #{job.num} ({overrides}): {one_line(exc)}", code)
 
 
 def run_entry_point(main: Callable[[], Any]) -> None:

@@ -398,4 +398,3 @@ def test_a_failed_multirun_job_exits_2_with_its_reason_once(
     assert done.stderr.count(reason) == 1, done.stderr
     (line,) = [line for line in done.stderr.splitlines() if reason in line]
     assert line.startswith("error: job #0 (")
-    assert "multirun job #0 failed (exit status 2); its error is above" in done.stderr

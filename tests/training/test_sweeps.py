@@ -191,3 +191,17 @@ def test_optuna_study_in_sqlite_resumes(tmp_path: Path) -> None:
     assert len(read_summary(tmp_path / "second")) == 2
     with open(tmp_path / "second" / "optuna_trials.csv", encoding="utf-8") as handle:
         assert len(list(csv.DictReader(handle))) == 4
+
+
+def test_a_job_failed_on_a_user_error_is_recorded_as_its_one_line() -> None:
+    from transformer_mt.cli import JobFailed
+
+    config = OmegaConf.create({"hydra": {"job": {"num": 0}, "runtime": {"output_dir": "x"}}})
+    failed = JobReturn(overrides=["model.n_heads=3"], status=JobStatus.FAILED)
+    failed.return_value = JobFailed("error: job #0 (model.n_heads=3): not divisible; fix", 2)
+    result = job_result(config, failed)
+    assert (result.status, result.error, result.traceback) == (
+        "failed",
+        "error: job #0 (model.n_heads=3): not divisible; fix",
+        None,
+    )

@@ -36,6 +36,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from transformer_mt.cli import JobFailed
 from transformer_mt.files import write_text_atomic
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,9 @@ def job_result(config: DictConfig, job_return: JobReturn) -> JobResult:
         # JobReturn.return_value re-raises the job's exception; keep it as text.
         error = job_return._return_value
         result.status = "failed"
-        if isinstance(error, BaseException):
+        if isinstance(error, JobFailed):  # a user error, already one line with its fix
+            result.error = str(error)
+        elif isinstance(error, BaseException):
             result.error = f"{type(error).__name__}: {error}"
             result.traceback = "".join(
                 traceback.format_exception(type(error), error, error.__traceback__)
