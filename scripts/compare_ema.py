@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
 
+from bench.common import cpu_model
 from transformer_mt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from transformer_mt.cli import EXIT_USER_ERROR, one_line
 from transformer_mt.inference.averaging import average_checkpoints, select_checkpoints
@@ -36,15 +35,6 @@ from transformer_mt.inference.evaluate import run as evaluate
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 log = logging.getLogger("compare_ema")
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown"
-    names = [line.split(":", 1)[1].strip() for line in out.splitlines() if "Model name" in line]
-    return names[0] if names else "unknown"
 
 
 def raw_weights(path: Path, out: Path) -> Path:
