@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -107,17 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     winner = max(val, key=lambda name: val[name]["metrics"]["bleu"])
     test = score(found[winner], "test", args.out / winner / "test", args.threads)
     cpu = cpu_model()
-    print(f"CPU: {cpu}")
+    load = os.getloadavg()[0]
+    print(f"CPU: {cpu}; load average {load:.1f} (a shared machine slows decoding, not BLEU)")
     print(f"{'candidate':<22} {'val BLEU':>9} {'val chrF':>9}  checkpoint")
     for name, res in val.items():
         m = res["metrics"]
         print(f"{name:<22} {m['bleu']:>9.2f} {m['chrf']:>9.2f}  {found[name]}")
     print(
         f"chosen on validation: {winner}; test BLEU {test['metrics']['bleu']:.2f}, "
-        f"chrF {test['metrics']['chrf']:.2f} (decoding: {test['decoding']['beam_size']} beam)"
+        f"chrF {test['metrics']['chrf']:.2f} (decoding: beam {test['decoding']['beam_size']})"
     )
     report = {
         "cpu": cpu,
+        "load_average": load,
         "candidates": {name: str(path) for name, path in found.items()},
         "validation": {name: res["metrics"] for name, res in val.items()},
         "chosen": winner,

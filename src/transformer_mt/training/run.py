@@ -29,6 +29,7 @@ from transformer_mt.training.checks import (
     check_resume_matches,
     model_values,
 )
+from transformer_mt.training.finetune import FreezeParts, check_parts, finetune_start
 from transformer_mt.training.module import TranslationModule
 from transformer_mt.training.precision import resolve_precision
 from transformer_mt.training.rundir import (
@@ -73,28 +74,50 @@ def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
     check_output_dir(run_dir)
     model_values(cfg.model)  # wrong types fail now, not after the data is prepared
     resumed = check_resume_checkpoint(cfg.get("ckpt_path"))
+    start = finetune_start(cfg, run_dir)  # init_from: the checkpoint's weights and tokenizer
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
 
     data_config = hydra.utils.instantiate(cfg.data, _convert_="all")  # a DataConfig
     datamodule = TranslationDataModule(
-        data_config, work_dir=run_dir, model_max_len=cfg.model.get("max_len")
+        data_config,
+        work_dir=run_dir,
+        model_max_len=start.model_config.max_len if start else cfg.model.get("max_len"),
+        tokenizer=start.tokenizer if start else None,
     )
     datamodule.prepare_data()
     datamodule.setup("fit")
-    tokenizer = datamodule.tokenizer
-    model_config = model_config_from(
+    model_config = start.model_config if start else model_config_from(
         cfg.model, datamodule.src_vocab_size, datamodule.tgt_vocab_size, datamodule.pad_id
-    )
+    )  # fmt: skip
     check_max_len(cfg.data.get("max_len"), model_config.max_len)
     if resumed is not None:
-        check_resume_matches(resumed, tokenizer, model_config, run_dir)
+        check_resume_matches(resumed, datamodule.tokenizer, model_config, run_dir)
         del resumed
+    module = _module(cfg, model_config, datamodule, data_config)
+    if start is not None:
+        start.load_weights(module.model)
+    callbacks = _instantiate_all(cfg.get("callbacks"))
+    if cfg.get("freeze"):
+        check_parts(module.model, list(cfg.freeze))  # a wrong name fails before the Trainer
+        callbacks.append(FreezeParts(list(cfg.freeze)))
+    if not any(isinstance(cb, TrainingBudget) for cb in callbacks):
+        callbacks.append(TrainingBudget())  # trainer.max_time becomes the lr horizon
+    # Ctrl-C / SIGTERM stop at the end of a step: the saved checkpoint resumes bit-identically.
+    callbacks.append(StopAtStepBoundary())
+    check_free_space(run_dir, module, callbacks)
+    return datamodule, module, _trainer(cfg, module, callbacks)
+
+
+def _module(
+    cfg: DictConfig, model_config: ModelConfig, datamodule: Any, data_config: Any
+) -> TranslationModule:
+    """The LightningModule for ``model_config``, with the tokenizer and data it trains on."""
     module_args = OmegaConf.to_container(cfg.module, resolve=True)
     assert isinstance(module_args, dict)
     module = TranslationModule(
         model_config=model_config.to_dict(),
         optimizer=hydra.utils.instantiate(cfg.optimizer),
-        tokenizer=tokenizer,
+        tokenizer=datamodule.tokenizer,
         # Stored in checkpoints: evaluate.py rebuilds the test split from it.
         data_config=data_config.stored(),
         src_lang=datamodule.src_lang,
@@ -110,12 +133,11 @@ def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
         model_config.src_vocab_size,
         model_config.tgt_vocab_size,
     )
-    callbacks = _instantiate_all(cfg.get("callbacks"))
-    if not any(isinstance(cb, TrainingBudget) for cb in callbacks):
-        callbacks.append(TrainingBudget())  # trainer.max_time becomes the lr horizon
-    # Ctrl-C / SIGTERM stop at the end of a step: the saved checkpoint resumes bit-identically.
-    callbacks.append(StopAtStepBoundary())
-    check_free_space(run_dir, module, callbacks)
+    return module
+
+
+def _trainer(cfg: DictConfig, module: TranslationModule, callbacks: list[Any]) -> pl.Trainer:
+    """The Lightning Trainer of ``cfg.trainer`` with loggers, atomic checkpoints, precision."""
     loggers = _instantiate_all(cfg.get("logger"))
     # Checkpoints are written to a temp file next to the target and renamed: kill -9 at any
     # moment leaves the previous last.ckpt intact (see transformer_mt.training.callbacks).
@@ -127,14 +149,13 @@ def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
         cfg.trainer.get("precision"), cfg.trainer.get("accelerator"), module.model
     )
     log.info("precision: %s (%s)", choice.precision, choice.reason)
-    trainer = hydra.utils.instantiate(
+    return hydra.utils.instantiate(
         cfg.trainer,
         callbacks=callbacks,
         logger=loggers or False,
         plugins=plugins,
         precision=choice.precision,
     )
-    return datamodule, module, trainer
 
 
 def last_checkpoint(trainer: pl.Trainer) -> str | None:

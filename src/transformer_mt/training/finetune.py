@@ -1,0 +1,210 @@
+"""Fine-tuning from a trained model: ``python train.py init_from=CKPT data=... [freeze=[...]]``.
+
+The run starts from the checkpoint's weights and nothing else of its training state: the
+optimizer, the learning-rate schedule and the step counter start afresh (continued training
+and domain adaptation, as JoeyNMT's ``load_model`` or fairseq's ``--reset-optimizer`` do). The
+checkpoint's tokenizer is adopted instead of training one on the new data, since its token ids
+are what the weights mean; for the same reason every model setting that shapes the weights
+(``d_model``, layers, vocabulary, ...) is taken from the checkpoint, and only the settings in
+:data:`FINETUNABLE` (dropout, the attention kernel) come from the run's config. A shape setting
+given on the command line that disagrees with the checkpoint is an error, not a silent choice.
+
+``freeze`` names parts of the model that keep their weights (Lightning's ``BaseFinetuning``
+callback turns their gradients off before the optimizer is built): ``embeddings``, ``encoder``,
+``decoder``, ``generator``, or any submodule path such as ``encoder.layers.0``. Parameters are
+frozen as objects, so a tied or shared embedding is frozen wherever it is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import BaseFinetuning
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
+from transformer_mt.cli import UserError
+from transformer_mt.data.tokenizer import FILENAME, Tokenizer
+from transformer_mt.model.transformer import ModelConfig
+from transformer_mt.training.checks import model_values
+
+log = logging.getLogger(__name__)
+
+#: Model settings a fine-tuning run may change: they do not change the weights' shapes or
+#: meaning.
+FINETUNABLE = ("dropout", "attention_dropout", "fused_attention")
+#: Data settings that decide the tokenizer; with ``init_from`` the checkpoint's tokenizer rules.
+TOKENIZER_KEYS = ("vocab_size", "joint_vocab", "min_frequency")
+#: Names ``freeze`` accepts besides submodule paths, and the submodules they stand for.
+PARTS = {
+    "embeddings": ("encoder.embedding", "decoder.embedding"),
+    "encoder": ("encoder",),
+    "decoder": ("decoder",),
+    "generator": ("generator",),
+}
+
+
+@dataclass
+class FineTuneStart:
+    """What a fine-tuning run takes from ``init_from``: weights, tokenizer, model config."""
+
+    init: LoadedModel
+    tokenizer: Tokenizer
+    model_config: ModelConfig
+
+    def load_weights(self, model: nn.Module) -> None:
+        """Copy the checkpoint's weights into the freshly built ``model`` (same shapes)."""
+        model.load_state_dict(self.init.model.state_dict())
+        log.info("init_from: weights of %s (step %s)", self.init.path, self.init.global_step)
+
+
+def finetune_start(cfg: DictConfig, run_dir: Path) -> FineTuneStart | None:
+    """``cfg.init_from`` read and checked against the run's config; ``None`` without it."""
+    if not cfg.get("init_from"):
+        return None
+    init = load_init(cfg.init_from)
+    config = finetune_model_config(init, model_values(cfg.model), explicit_overrides("model"))
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    assert isinstance(data, dict)
+    check_tokenizer_settings(init, data, explicit_overrides("data"))
+    return FineTuneStart(init, adopt_tokenizer(init, run_dir), config)
+
+
+def load_init(path: Any) -> LoadedModel:
+    """The model to start from; a file that is not a transformer-mt checkpoint is one error line."""
+    try:
+        return load_model(Path(str(path)))
+    except CheckpointError as err:
+        raise CheckpointError(f"init_from: {err}") from None
+
+
+def explicit_overrides(prefix: str) -> set[str]:
+    """Keys under ``prefix`` (``"model"``) set on the command line; all of them for ``model=X``.
+
+    Outside ``@hydra.main`` (tests, notebooks) nothing counts as given on the command line.
+    """
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return set()
+    keys: set[str] = set()
+    for item in overrides:
+        name = item.split("=", 1)[0].lstrip("+~")
+        if name == prefix:
+            keys.add("*")
+        elif name.startswith(prefix + "."):
+            keys.add(name[len(prefix) + 1 :])
+    return keys
+
+
+def finetune_model_config(
+    init: LoadedModel, cfg_model: dict[str, Any], explicit: set[str]
+) -> ModelConfig:
+    """The checkpoint's model config with the :data:`FINETUNABLE` values of the run's config.
+
+    Raises:
+        UserError: a setting given on the command line (``explicit``; ``"*"`` = a ``model=``
+            group) differs from the checkpoint's and cannot change in fine-tuning.
+    """
+    saved = init.config.to_dict()
+    differ = [
+        f"model.{key}={cfg_model[key]!r} (checkpoint: {saved[key]!r})"
+        for key in saved
+        if key in cfg_model and key not in FINETUNABLE and cfg_model[key] != saved[key]
+        if "*" in explicit or key in explicit
+    ]
+    if differ:
+        raise UserError(
+            f"init_from={init.path} holds another model than asked for: {', '.join(differ)}; "
+            "fine-tuning keeps the checkpoint's shape: drop these overrides (only "
+            f"{', '.join('model.' + k for k in FINETUNABLE)} may change)"
+        )
+    changed = {k: cfg_model[k] for k in FINETUNABLE if k in cfg_model}
+    return dataclasses.replace(init.config, **changed)
+
+
+def check_tokenizer_settings(
+    init: LoadedModel, cfg_data: dict[Any, Any], explicit: set[str]
+) -> None:
+    """Data settings given on the command line that ask for another tokenizer are an error."""
+    wanted = init.tokenizer.config or {}
+    asked = {
+        "vocab_size": init.tokenizer.src_vocab_size,
+        "joint_vocab": init.tokenizer.joint,
+        **{"joint_vocab" if k == "joint" else k: v for k, v in wanted.items()},
+    }
+    differ = [
+        f"data.{key}={cfg_data[key]!r} (checkpoint: {asked[key]!r})"
+        for key in TOKENIZER_KEYS
+        if key in explicit and key in asked and cfg_data.get(key) != asked[key]
+    ]
+    if differ:
+        raise UserError(
+            f"init_from={init.path} has another vocabulary than asked for: {', '.join(differ)}; "
+            "a fine-tuning run keeps the checkpoint's tokenizer (its ids are what the weights "
+            "mean): drop these overrides"
+        )
+
+
+def adopt_tokenizer(init: LoadedModel, run_dir: Path) -> Tokenizer:
+    """The checkpoint's tokenizer, saved in ``run_dir`` like a trained one would be.
+
+    Raises:
+        UserError: ``run_dir`` already holds another tokenizer (a run directory of another
+            vocabulary); it is not overwritten.
+    """
+    tokenizer, path = init.tokenizer, run_dir / FILENAME
+    if path.is_file():
+        existing = Tokenizer.load(path)
+        if existing.to_json() != tokenizer.to_json():
+            raise UserError(
+                f"init_from={init.path} has another vocabulary than the tokenizer already in "
+                f"{path} ({existing.src_vocab_size} vs {tokenizer.src_vocab_size} source "
+                "entries, or other subwords); fine-tune into a fresh run directory"
+            )
+        return existing
+    tokenizer.save(run_dir)
+    return tokenizer
+
+
+def check_parts(model: nn.Module, parts: Sequence[str]) -> list[nn.Module]:
+    """The submodules ``freeze`` names; an unknown name is one error line listing the choices."""
+    found: list[nn.Module] = []
+    names = dict(model.named_modules())
+    for part in parts:
+        paths = PARTS.get(str(part), (str(part),))
+        missing = [p for p in paths if p not in names]
+        if missing or not str(part):
+            raise UserError(
+                f"freeze names a part that does not exist: {part!r}; choose from "
+                f"{', '.join(PARTS)} or a submodule path such as encoder.layers.0 "
+                "(print(model) lists them)"
+            )
+        found.extend(names[p] for p in paths)
+    return found
+
+
+class FreezeParts(BaseFinetuning):
+    """Keep the named parts of the model at their starting weights for the whole run."""
+
+    def __init__(self, parts: Sequence[str]) -> None:
+        super().__init__()
+        self.parts = [str(p) for p in parts]
+
+    def freeze_before_training(self, pl_module: pl.LightningModule) -> None:
+        modules = check_parts(pl_module.model, self.parts)
+        self.freeze(modules, train_bn=True)
+        frozen = sum(p.numel() for p in pl_module.parameters() if not p.requires_grad)
+        log.info("frozen: %s (%s parameters)", ", ".join(self.parts), f"{frozen:,}")
+
+    def finetune_function(self, pl_module: pl.LightningModule, epoch: int, optimizer: Any) -> None:
+        """Nothing is unfrozen during the run."""
