@@ -4,11 +4,11 @@ On the same sentences (one per request, taken round-robin from ``--source``), th
 measurements of one engine:
 
 * offline: the sentences/s of ``transformer-mt-translate``'s engine translating them all in
-  one process (built as that command builds it, model loading not timed; median of
-  ``--offline-repeats``);
+  one process (built as that command builds it, model loading not timed; the median of
+  ``--offline-repeats`` rounds);
 * concurrent: ``--clients`` clients each sending one sentence per request, back to back, for
-  ``--duration`` seconds against the server on 127.0.0.1 (its own process): sentences/s,
-  latency p50/p95, errors;
+  ``--duration`` seconds in all against the server on 127.0.0.1 (its own process), split over
+  the same rounds, alternating with the offline runs: sentences/s, latency p50/p95, errors;
 * single: one client, one sentence at a time: latency p50/p95 (what one user waits).
 
 Clients run in this process (asyncio + httpx), the server in another: on a small machine they
@@ -33,7 +33,9 @@ from bench.common import Table, environment, goal
 
 NAME = "serve"
 HELP = "transformer-mt-serve under concurrent clients vs transformer-mt-translate offline"
-QUICK = {"clients": 4, "duration": 3.0, "single_requests": 20, "sentences": 40}
+QUICK = {
+    "clients": 4, "duration": 2.0, "single_requests": 5, "sentences": 16, "offline_repeats": 2,
+}  # fmt: skip
 
 DEFAULT_SOURCE = Path("../shared/data/multi30k/test_2016_flickr.de.gz")
 
@@ -72,8 +74,8 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
-def offline(args: argparse.Namespace, lines: list[str]) -> dict[str, Any]:
-    """Sentences/s of the engine ``transformer-mt-translate`` builds, on ``lines``."""
+def offline_engine(args: argparse.Namespace) -> Any:
+    """The engine ``transformer-mt-translate`` builds, with the benchmark's options."""
     from transformer_mt.serve.engine import Options, ServedModel
 
     model = ServedModel(
@@ -81,14 +83,13 @@ def offline(args: argparse.Namespace, lines: list[str]) -> dict[str, Any]:
         compute_type=args.compute_type, threads=args.threads,
     )  # fmt: skip
     options = Options(beam_size=args.beam_size)
-    model.translate(lines[:32], options)  # warm-up: allocator, lazy initialisation
-    times = []
-    for _ in range(args.offline_repeats):
-        start = time.perf_counter()
-        model.translate(lines, options)
-        times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
-    return {"seconds": times, "sentences_per_s": len(lines) / seconds}
+    return lambda lines: model.translate(lines, options)
+
+
+def timed(fn: Any, *args: Any) -> float:
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
 
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
@@ -115,7 +116,8 @@ def _without_beam(command: list[str]) -> list[str]:
 
 
 async def load(url: str, lines: list[str], clients: int, duration: float, beam: int) -> dict:
-    """``clients`` clients posting one sentence each, back to back, for ``duration`` seconds."""
+    """``clients`` clients posting one sentence each, back to back, for ``duration`` seconds;
+    the raw latencies, errors and elapsed time."""
     import httpx
 
     latencies: list[float] = []
@@ -131,9 +133,9 @@ async def load(url: str, lines: list[str], clients: int, duration: float, beam: 
                 start = time.perf_counter()
                 try:
                     r = await client.post("/translate", json={"text": [line], "beam_size": beam})
-                    ok = r.status_code == 200 and len(r.json()["translations"]) == 1
-                    if not ok:
+                    if r.status_code != 200 or len(r.json()["translations"]) != 1:
                         errors.append(f"{r.status_code}: {r.text[:200]}")
+                        continue
                 except httpx.HTTPError as err:
                     errors.append(repr(err))
                     continue
@@ -142,11 +144,15 @@ async def load(url: str, lines: list[str], clients: int, duration: float, beam: 
         start = time.perf_counter()
         await asyncio.gather(*(one_client() for _ in range(clients)))
         elapsed = time.perf_counter() - start
-    return summary(latencies, errors, elapsed)
+    return {"latencies": latencies, "errors": errors, "seconds": elapsed}
 
 
-def summary(latencies: list[float], errors: list[str], elapsed: float) -> dict[str, Any]:
-    ordered = sorted(latencies) or [float("nan")]
+def summary(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Sentences/s, p50/p95 latency and errors of one or more :func:`load` runs."""
+    latencies = sorted(x for part in parts for x in part["latencies"])
+    errors = [e for part in parts for e in part["errors"]]
+    elapsed = sum(part["seconds"] for part in parts)
+    ordered = latencies or [float("nan")]
 
     def pct(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
@@ -174,15 +180,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "sentences": len(lines),
         "environment": environment(),
     }
-    result["offline"] = offline(args, lines)
+    translate = offline_engine(args)
+    translate(lines[:32])  # warm-up: allocator, lazy initialisation
     proc, url = start_server(args)
+    rounds, beam = args.offline_repeats, args.beam_size
+    offline_s: list[float] = []
+    parts: list[dict[str, Any]] = []
     try:
-        beam = args.beam_size
-        result["single"] = asyncio.run(single(url, lines, args.single_requests, beam))
-        result["concurrent"] = asyncio.run(load(url, lines, args.clients, args.duration, beam))
+        result["single"] = summary([asyncio.run(single(url, lines, args.single_requests, beam))])
+        # Offline and concurrent runs alternate, so drift of a shared machine hits both alike.
+        for _ in range(rounds):
+            offline_s.append(timed(translate, lines))
+            parts.append(asyncio.run(load(url, lines, args.clients, args.duration / rounds, beam)))
     finally:
         proc.terminate()
         proc.wait(30)
+    result["offline"] = {
+        "seconds": offline_s,
+        "sentences_per_s": len(lines) / statistics.median(offline_s),
+    }
+    result["concurrent"] = summary(parts)
     result["load_average_after"] = list(os.getloadavg())
     ratio = result["concurrent"]["sentences_per_s"] / result["offline"]["sentences_per_s"]
     result["server_over_offline"] = ratio
@@ -203,16 +220,15 @@ async def single(url: str, lines: list[str], requests: int, beam: int) -> dict[s
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         start_all = time.perf_counter()
         for i in range(requests):
+            body = {"text": [lines[i % len(lines)]], "beam_size": beam}
             start = time.perf_counter()
-            r = await client.post(
-                "/translate", json={"text": [lines[i % len(lines)]], "beam_size": beam}
-            )
+            r = await client.post("/translate", json=body)
             if r.status_code != 200:
                 errors.append(f"{r.status_code}: {r.text[:200]}")
                 continue
             latencies.append(time.perf_counter() - start)
         elapsed = time.perf_counter() - start_all
-    return summary(latencies, errors, elapsed)
+    return {"latencies": latencies, "errors": errors, "seconds": elapsed}
 
 
 def tables(result: dict[str, Any]) -> list[Table]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from transformer_mt.model.transformer import ModelConfig, Transformer
 from transformer_mt.serve.app import create_app
 from transformer_mt.serve.engine import ServedModel
 from transformer_mt.serve.limits import Limits
+from transformer_mt.serve.server import main as serve_main
 
 from conftest import tiny_config
 
@@ -301,3 +303,23 @@ def test_a_disconnected_client_does_not_block_the_queue() -> None:
 
     asyncio.run(scenario())
     assert model.calls == [["one"], ["three"]]
+
+
+def test_command_line_mistakes_are_one_error_line(
+    tiny_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each is refused before anything is served: one ``error:`` line, exit status 2."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = str(taken.getsockname()[1])
+        cases = {
+            "no such file": (["--ckpt", str(tmp_path / "missing.ckpt"), "--port", "0"], "does not exist"),
+            "port in use": (["--ckpt", str(tiny_ckpt), "--port", port], f"cannot listen on 127.0.0.1:{port}"),
+            "ct2 flag": (["--ckpt", str(tiny_ckpt), "--compute-type", "int8"], "--compute-type applies to --engine ctranslate2"),
+            "bad limit": (["--ckpt", str(tiny_ckpt), "--max-beam", "0"], "--max-beam must be >= 1"),
+        }  # fmt: skip
+        for case, (argv, words) in cases.items():
+            assert serve_main(argv) == 2, case
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], (case, err)

@@ -59,7 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_engine_flags(args: argparse.Namespace) -> None:
+    """CTranslate2's flags mean nothing to the torch engine: refuse them, as translate does."""
+    for flag, value in (("--ct2-model", args.ct2_model), ("--compute-type", args.compute_type)):
+        if value is not None and args.engine != "ctranslate2":
+            raise ValueError(f"{flag} applies to --engine ctranslate2 only; add it")
+
+
 def limits_from(args: argparse.Namespace) -> Limits:
+    """The :class:`Limits` of the command line; a ``ValueError`` for a flag out of range."""
     values = {name: getattr(args, name) for name in vars(Limits())}
     for name, value in values.items():
         if value < (0 if name == "window_ms" else 1):
@@ -100,23 +108,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_USER_ERROR
     try:
+        check_engine_flags(args)
         limits = limits_from(args)
         sock = bind(args.host, args.port)
-        model = ServedModel(
-            args.ckpt, engine=args.engine, ct2_model=args.ct2_model,
-            compute_type=args.compute_type, threads=args.threads,
-        )  # fmt: skip
     except (ValueError, OSError) as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
         return EXIT_USER_ERROR
-    host, port = sock.getsockname()[:2]
-    app = create_app(model, limits)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
-    print(f"serving on http://{host}:{port}", file=sys.stderr, flush=True)
-    try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:
-        return 130
+    with sock:
+        try:
+            model = ServedModel(
+                args.ckpt, engine=args.engine, ct2_model=args.ct2_model,
+                compute_type=args.compute_type, threads=args.threads,
+            )  # fmt: skip
+        except (ValueError, OSError) as err:
+            print(f"error: {one_line(err)}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        host, port = sock.getsockname()[:2]
+        config = uvicorn.Config(create_app(model, limits), log_level="warning")
+        print(f"serving on http://{host}:{port}", file=sys.stderr, flush=True)
+        try:
+            uvicorn.Server(config).run(sockets=[sock])
+        except KeyboardInterrupt:
+            return 130
     return 0
 
 
