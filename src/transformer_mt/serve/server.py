@@ -10,6 +10,13 @@ and not a traceback after a long start-up; ``--port 0`` takes a free port. The l
 
 from __future__ import annotations
 
+import os
+
+# As in train.py: OpenMP reads its wait policy when torch loads, so it is set before anything
+# imports torch. PASSIVE threads sleep between parallel regions instead of spinning, which on a
+# busy CPU leaves the core to the descheduled sibling; the environment's value wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import logging
 import socket
