@@ -14,7 +14,9 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[dev,export,serve]"
+	$(BIN)/pip install --quiet -e ".[dev,export,serve,postgres]"
+	@# The Hydra Optuna plugin pinned optuna<3; a venv made before it was dropped still has it.
+	@$(BIN)/pip uninstall --quiet --yes hydra-optuna-sweeper 2>/dev/null || true
 	@touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv with the package and dev tools

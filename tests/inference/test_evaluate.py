@@ -6,6 +6,7 @@ translate, decode, checkpoint and scripts tests.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -156,3 +157,45 @@ def test_checkpoint_holds_plain_tensors_and_languages(tiny_run_dir: Path) -> Non
     ckpt = load_checkpoint(best_checkpoint(tiny_run_dir))
     assert ckpt["transformer_mt"]["src_lang"] == "en"
     assert all(torch.is_tensor(v) for v in ckpt["state_dict"].values())
+
+
+def test_a_decoding_sweep_ranks_settings_and_its_best_is_reused(
+    tiny_run_dir: Path, tmp_path: Path
+) -> None:
+    """evaluate.py -m over beam sizes on the validation split: a summary best first, and a
+    best_decoding.yaml that evaluate.py (decoding_from=) and translate (--decoding-from) read."""
+    ckpt = best_checkpoint(tiny_run_dir)
+    sweep_dir = tmp_path / "decoding"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("HYDRA_FULL_ERROR", None)
+    command = [sys.executable, "evaluate.py", "-m", f"ckpt_path={ckpt}", "split=validation"]
+    command += ["progress=false", "decoding.beam_size=1,3", f"hydra.sweep.dir={sweep_dir}"]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(sweep_dir / "summary.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["decoding.beam_size"] for r in rows) == ["1", "3"]
+    bleus = [float(r["metrics.bleu"]) for r in rows]
+    assert bleus == sorted(bleus, reverse=True)  # best first
+    best = OmegaConf.load(sweep_dir / "best_decoding.yaml")
+    assert best.decoding.beam_size == int(rows[0]["decoding.beam_size"])
+    assert best["metrics.bleu"] == pytest.approx(bleus[0])
+
+    # Reused without retyping: evaluate on the sweep directory, translate on the file.
+    results = evaluate(
+        tmp_path / "again", f"ckpt_path={ckpt}", f"decoding_from={sweep_dir}", "split=validation"
+    )
+    assert results["decoding"]["beam_size"] == best.decoding.beam_size
+    assert results["metrics"]["bleu"] == pytest.approx(bleus[0])
+    override = evaluate(
+        tmp_path / "over", f"ckpt_path={ckpt}", f"decoding_from={sweep_dir}", "decoding.beam_size=2"
+    )
+    assert override["decoding"]["beam_size"] == 2  # an explicit decoding.* wins
+    from transformer_mt.inference.translate import build_parser, decoding_from
+
+    args = build_parser().parse_args(
+        ["--ckpt", str(ckpt), "--decoding-from", str(sweep_dir / "best_decoding.yaml")]
+    )
+    assert decoding_from(args.decoding_from)["beam_size"] == best.decoding.beam_size
+    with pytest.raises(FileNotFoundError, match=r"best_decoding\.yaml of a decoding sweep"):
+        decoding_from(tmp_path / "nothing.yaml")

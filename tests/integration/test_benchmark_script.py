@@ -114,3 +114,26 @@ def test_engines_quick_random_model(benchmark, tmp_path: Path) -> None:
         assert lengths["ours"] == lengths["transformers"] == 3
         assert lengths["ct2_float32"] == lengths["ct2_int8"] == 4
     assert result["environment"]["cpu"]
+
+
+@pytest.mark.slow
+def test_sweep_benchmark_quick(benchmark, tmp_path: Path) -> None:
+    """Four real (tiny) studies: the JSON holds each one's wall time, trials and the goals."""
+    out = tmp_path / "sweep.json"
+    results = benchmark.main(["sweep", "--quick", "--threads", "1", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert set(result["studies"]) == {"unpruned", "pruned", "one worker", "two workers"}
+    for name, study in result["studies"].items():
+        assert _positive(study["seconds"]), name
+        finished = [t for t in study["trials"] if t["state"] in ("COMPLETE", "PRUNED")]
+        assert len(finished) == 2, name
+    assert result["studies"]["two workers"]["workers"] == 2
+    # The same seed draws the same parameters per trial number, pruned or not.
+    params = [[t["params"] for t in result["studies"][n]["trials"]] for n in ("unpruned", "pruned")]
+    assert params[0] == params[1]
+    assert [g["goal"] for g in result["goals"]] == [
+        "pruned / unpruned wall time",
+        "unpruned best - pruned best val/bleu",
+        "two workers / one worker wall time",
+    ]
+    assert results["sweep"]["environment"]["cpu"]

@@ -8,11 +8,14 @@ itself is tested on hand-made results without training anything.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
@@ -46,9 +49,15 @@ TINY = [
 ]
 
 
-def run_sweep(sweep_dir: Path, *overrides: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    """``python train.py -m <overrides>`` into ``sweep_dir``; output kept for failure messages."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline", HYDRA_FULL_ERROR="1")
+def run_sweep(
+    sweep_dir: Path, *overrides: str, timeout: int = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``python train.py -m <overrides>`` into ``sweep_dir``; output kept for failure messages.
+
+    The timeout only guards against a hung sweep: a busy shared machine runs even tiny sweeps
+    for minutes.
+    """
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline", **(env or {}))
     command = [sys.executable, "train.py", "-m", *TINY, *overrides, f"hydra.sweep.dir={sweep_dir}"]
     return subprocess.run(
         command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
@@ -142,55 +151,255 @@ def test_grid_sweep_writes_a_ranked_summary(tmp_path: Path) -> None:
     assert "Shared overrides" in (sweep_dir / SUMMARY_MD).read_text()
 
 
-@pytest.mark.slow
-def test_optuna_sweep_records_a_failed_trial_and_goes_on(tmp_path: Path) -> None:
-    """An invalid trial (32 % 3 != 0) is a failed trial with its reason; the study finishes.
+# ----------------------------------------------------------------------- Optuna studies
 
-    The seeded TPE sampler (random for its first trials) draws n_heads=3, then 2.
+#: Numbers search at test size: 4 validations (25/50/75/100% of the budget) of a few steps each.
+OPTUNA = [
+    "hparams_search=numbers_optuna",
+    "trainer.max_epochs=4",
+    "hydra.sweeper.heartbeat_interval=1",
+]
+
+
+def _study(sweep_dir: Path, name: str = "numbers") -> Any:
+    import optuna
+
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
+
+
+def test_optuna_sweep_prunes_a_trial_below_the_median_and_records_it(tmp_path: Path) -> None:
+    """A study of 3 trials with the median pruner, on val/loss (minimised).
+
+    With seed 3 the per-trial draws are lr 3e-3, 1e-7, 3e-3: trial 1 barely learns, falls
+    behind trial 0 at its first validation (25% of its budget) and stops there.
     """
     sweep_dir = tmp_path / "optuna"
     proc = run_sweep(
         sweep_dir,
-        "hparams_search=numbers_optuna",
-        "hydra.sweeper.sampler.seed=42",
-        "hydra.sweeper.n_trials=2",
+        *OPTUNA,
+        "hydra.sweeper.sampler.seed=3",
+        "hydra.sweeper.n_trials=3",
         "hydra.sweeper.params=null",
-        "model.n_heads=choice(2,3)",
+        "optimizer.lr=choice(3e-3,1e-7)",
+        "optimized_metric=val/loss",
+        "hydra.sweeper.direction=minimize",
+        "hydra.sweeper.pruner.n_startup_trials=1",
+        "hydra.sweeper.pruner.n_warmup_steps=0",
     )
     assert proc.returncode == 0, _explain(proc)
-    rows = {row["model.n_heads"]: row for row in read_summary(sweep_dir)}
-    assert set(rows) == {"2", "3"}
-    assert rows["2"]["status"] == "completed" and rows["2"]["rank"] == "1"
-    assert rows["3"]["status"] == "failed"
-    assert "not divisible by model.n_heads=3" in rows["3"]["error"]
-    assert (sweep_dir / "optimization_results.yaml").is_file()
+    study = _study(sweep_dir)
+    lrs = [t.params["optimizer.lr"] for t in study.trials]
+    assert lrs == [3e-3, 1e-7, 3e-3]
+    states = [t.state.name for t in study.trials]
+    assert states == ["COMPLETE", "PRUNED", "COMPLETE"]
+    assert study.trials[1].user_attrs == {"pruned_at": 25}
+    assert study.trials[1].value == study.trials[1].intermediate_values[25]  # what it reached
+    rows = {row["trial"]: row for row in read_summary(sweep_dir)}
+    assert [rows[n]["state"] for n in ("0", "1", "2")] == states
+    assert rows["1"]["status"] == "pruned" and rows["1"]["rank"] == "3"  # after the completed
+    assert rows["1"]["optimizer.lr"] == "1e-07"
+    # The pruned trial kept its checkpoint; every trial runs in <sweep dir>/<trial number>.
+    assert list((sweep_dir / "1" / "checkpoints").glob("best-*.ckpt"))
+    assert "optimizer.lr" in (sweep_dir / "optimization_results.yaml").read_text()
+    assert (sweep_dir / "multirun.yaml").is_file()
+    assert (sweep_dir / "intermediate_values.png").stat().st_size > 10_000
+    summary = (sweep_dir / SUMMARY_MD).read_text()
+    assert "3 runs, 2 completed, 1 pruned" in summary
+    assert "alembic" not in proc.stdout + proc.stderr  # no plugin noise
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["optimizer.lrr=choice(1e-3,2e-3)"], r"search space: unknown parameter 'optimizer\.lrr'"),
+        (["optimizer.lr=interval(1e-2,1e-4)"], r"need low < high"),
+        (["hydra.sweeper.storage=postgresql+psycopg://nobody@127.0.0.1:9/none"], "cannot open"),
+    ],
+)
+def test_bad_sweep_input_is_one_error_line_before_any_trial(
+    tmp_path: Path, overrides: list[str], message: str
+) -> None:
+    sweep_dir = tmp_path / "bad"
+    proc = run_sweep(sweep_dir, *OPTUNA, *overrides)
+    assert proc.returncode == 2, _explain(proc)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and __import__("re").search(message, errors[0]), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list(sweep_dir.glob("*/sweep_result.json"))  # no trial ran
+
+
+def test_a_study_of_the_other_direction_or_an_unwritable_sweep_dir_is_refused(
+    tmp_path: Path,
+) -> None:
+    import optuna
+
+    optuna.create_study(study_name="numbers", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    proc = run_sweep(tmp_path, *OPTUNA)  # the stored study minimises, the search maximises
+    assert proc.returncode == 2, _explain(proc)
+    assert "already exists with direction minimize, not maximize" in proc.stderr
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    proc = run_sweep(blocked / "sweep", *OPTUNA)
+    assert proc.returncode == 2, _explain(proc)
+    assert "error: cannot write the sweep directory" in proc.stderr
 
 
 @pytest.mark.slow
-def test_optuna_study_in_sqlite_resumes(tmp_path: Path) -> None:
-    """Two invocations of a 2-trial study on one SQLite storage leave 4 trials, not 2."""
-    import optuna
+def test_optuna_sweep_records_a_failed_trial_and_goes_on(tmp_path: Path) -> None:
+    """An invalid trial (32 % 3 != 0) is a failed trial with its reason; the study finishes.
 
-    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    common = [
-        "hparams_search=numbers_optuna",
-        "model.n_heads=2",
+    With seed 10 the per-trial draws are n_heads 3, 2, 2: trial 0 fails and, since a failed
+    trial does not count, trials 1 and 2 make the 2 the study asks for.
+    """
+    sweep_dir = tmp_path / "optuna"
+    proc = run_sweep(
+        sweep_dir,
+        *OPTUNA,
         "hydra.sweeper.n_trials=2",
-        f"hydra.sweeper.storage={storage}",
-        "hydra.sweeper.study_name=resume_test",
-    ]
-    first = run_sweep(tmp_path / "first", *common)
-    assert first.returncode == 0, _explain(first)
-    second = run_sweep(tmp_path / "second", *common)
-    assert second.returncode == 0, _explain(second)
+        "hydra.sweeper.params=null",
+        "hydra.sweeper.sampler.seed=10",
+        "model.n_heads=choice(2,3)",
+    )
+    assert proc.returncode == 0, _explain(proc)
+    trials = _study(sweep_dir).trials
+    assert [t.params["model.n_heads"] for t in trials] == [3, 2, 2]
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE", "COMPLETE"]
+    rows = {row["trial"]: row for row in read_summary(sweep_dir)}
+    assert [rows[n]["state"] for n in ("0", "1", "2")] == ["FAIL", "COMPLETE", "COMPLETE"]
+    assert rows["0"]["status"] == "failed" and rows["0"]["rank"] == "-"
+    assert "not divisible by model.n_heads=3" in rows["0"]["error"]
 
-    study = optuna.load_study(study_name="resume_test", storage=storage)
-    assert [t.number for t in study.trials] == [0, 1, 2, 3]
-    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
-    # Each invocation summarises its own jobs; optuna_trials.csv lists the whole study.
-    assert len(read_summary(tmp_path / "second")) == 2
-    with open(tmp_path / "second" / "optuna_trials.csv", encoding="utf-8") as handle:
+
+@pytest.mark.slow
+def test_a_resumed_study_continues_without_repeating_a_trial(tmp_path: Path) -> None:
+    """The same command twice on one sweep dir: 2 trials, then 2 more, all parameters new."""
+    first = run_sweep(tmp_path, *OPTUNA, "hydra.sweeper.n_trials=2")
+    assert first.returncode == 0, _explain(first)
+    second = run_sweep(tmp_path, *OPTUNA, "hydra.sweeper.n_trials=4")
+    assert second.returncode == 0, _explain(second)
+    trials = _study(tmp_path).trials
+    assert [t.number for t in trials] == [0, 1, 2, 3]
+    assert all(t.state.name in ("COMPLETE", "PRUNED") for t in trials)
+    assert len({tuple(sorted(t.params.items())) for t in trials}) == 4
+    with open(tmp_path / "optuna_trials.csv", encoding="utf-8") as handle:
         assert len(list(csv.DictReader(handle))) == 4
+    assert sorted(row["trial"] for row in read_summary(tmp_path)) == ["0", "1", "2", "3"]
+
+
+def start_worker(sweep_dir: Path, *overrides: str) -> subprocess.Popen:
+    """One more worker of the study in ``sweep_dir`` (the same command as the others)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline", HYDRA_FULL_ERROR="1")
+    command = [sys.executable, "train.py", "-m", *TINY, *OPTUNA, *overrides]
+    command.append(f"hydra.sweep.dir={sweep_dir}")
+    return subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+@pytest.mark.slow
+def test_two_workers_on_one_storage_share_a_study(tmp_path: Path) -> None:
+    """Two worker processes run a 6-trial study together: each trial once, 6 in all."""
+    workers = [start_worker(tmp_path, "hydra.sweeper.n_trials=6") for _ in range(2)]
+    outputs = [worker.communicate(timeout=600) for worker in workers]
+    for worker, (out, err) in zip(workers, outputs):
+        assert worker.returncode == 0, f"{out[-2000:]}\n{err[-4000:]}"
+    trials = _study(tmp_path).trials
+    finished = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert len(finished) == 6
+    # A trial asked by both workers at once for the last place is given up, never run twice.
+    assert all(t.user_attrs.get("surplus") for t in trials if t not in finished)
+    assert len({tuple(sorted(t.params.items())) for t in finished}) == 6  # distinct draws
+    # Every finished trial ran in its own directory, by one worker, and the summary has it.
+    rows = read_summary(tmp_path)
+    assert sorted(int(r["trial"]) for r in rows) == sorted(t.number for t in finished)
+    logs = [out + err for out, err in outputs]
+    for trial in finished:
+        assert sum(log.count(f"] trial {trial.number}: ") for log in logs) == 1  # launched once
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_trial_leaves_the_study_to_the_other(tmp_path: Path) -> None:
+    """kill -9 at step 2 of worker A's first trial: its heartbeat stops, worker B fails that
+    trial, runs its parameters again (max_retry=1) and finishes the study."""
+    fault = [
+        "+callbacks.fault._target_=transformer_mt.training.faults.FaultInjection",
+        "+callbacks.fault.fault=SIGKILL",
+        "+callbacks.fault.at_step=2",
+    ]
+    common = ["hydra.sweeper.n_trials=3", "hydra.sweeper.max_retry=1"]
+    killed = start_worker(tmp_path, *common, *fault)
+    killed.communicate(timeout=300)
+    assert killed.returncode == -9
+    survivor = start_worker(tmp_path, *common)
+    out, err = survivor.communicate(timeout=600)
+    assert survivor.returncode == 0, f"{out[-2000:]}\n{err[-4000:]}"
+    trials = _study(tmp_path).trials
+    assert trials[0].state.name == "FAIL"  # the killed trial, failed by heartbeat
+    finished = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert len(finished) == 3
+    retried = [t for t in finished if t.system_attrs.get("failed_trial") == 0]
+    assert len(retried) == 1 and retried[0].params == trials[0].params
+
+
+class RankRecorder(pl.Callback):
+    """Write ``rank{r}.json`` into ``out_dir``: the world, the lr trained with, the last step."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        record = {
+            "world_size": trainer.world_size,
+            "lr": trainer.optimizers[0].defaults["lr"],
+            "global_step": trainer.global_step,
+        }
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+@pytest.mark.slow
+def test_a_ddp_trial_trains_the_same_parameters_on_every_rank_and_stops_together(
+    tmp_path: Path,
+) -> None:
+    """trainer=ddp with 2 gloo processes per trial: one process asks the study, both ranks
+    train the trial's parameters, rank 0 reports, and the pruned trial stops on both ranks at
+    the same step (the draws and the pruning are those of the single-process test above)."""
+    here = Path(__file__).resolve().parent  # test_sweeps.RankRecorder and the conftest it needs
+    env = {"PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}
+    proc = run_sweep(
+        tmp_path,
+        *OPTUNA,
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "hydra.sweeper.sampler.seed=3",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.params=null",
+        "optimizer.lr=choice(3e-3,1e-7)",
+        "optimized_metric=val/loss",
+        "hydra.sweeper.direction=minimize",
+        "hydra.sweeper.pruner.n_startup_trials=1",
+        "hydra.sweeper.pruner.n_warmup_steps=0",
+        "+callbacks.recorder._target_=test_sweeps.RankRecorder",
+        "+callbacks.recorder.out_dir=${run_dir}/ranks",
+        env=env,
+    )
+    assert proc.returncode == 0, _explain(proc)
+    trials = _study(tmp_path).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED"]
+    steps = []
+    for trial in trials:
+        ranks = [
+            json.loads((tmp_path / str(trial.number) / "ranks" / f"rank{r}.json").read_text())
+            for r in (0, 1)
+        ]
+        assert [r["world_size"] for r in ranks] == [2, 2]
+        assert [r["lr"] for r in ranks] == [trial.params["optimizer.lr"]] * 2
+        assert ranks[0]["global_step"] == ranks[1]["global_step"]  # stopped together
+        steps.append(ranks[0]["global_step"])
+    assert steps[1] < steps[0]  # the pruned trial stopped early, on both ranks
+    # Only the trial's job asked the study: no rank ran a sweep of its own.
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["0", "1"]
 
 
 def test_a_job_failed_on_a_user_error_is_recorded_as_its_one_line() -> None:

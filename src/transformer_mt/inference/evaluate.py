@@ -43,7 +43,12 @@ from transformer_mt.files import (
 from transformer_mt.inference.decode import decode, progress_bar
 from transformer_mt.inference.export_ctranslate2 import open_engine
 from transformer_mt.inference.metrics import corpus_scores
-from transformer_mt.inference.translate import Translator, resolve_device, search_config
+from transformer_mt.inference.translate import (
+    Translator,
+    decoding_from,
+    resolve_device,
+    search_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +218,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     loaded = load_model(ckpt_path, device)
     dec = cfg.get("decoding") or {}
     search = search_config(
-        loaded.decoding,
+        # The best setting of a decoding sweep fills what the checkpoint stores; decoding.* wins.
+        {**(loaded.decoding or {}), **decoding_from(cfg.get("decoding_from"))},
         beam_size=dec.get("beam_size"),
         length_penalty=dec.get("length_penalty"),
         max_len_a=dec.get("max_len_a"),

@@ -71,6 +71,38 @@ def search_config(decoding: dict[str, Any] | None, **overrides: Any) -> SearchCo
     return SearchConfig(**values)
 
 
+#: What a decoding sweep (``evaluate.py -m ... decoding.beam_size=4,5,8``) leaves in its
+#: sweep directory: the best setting, for ``decoding_from=`` / ``--decoding-from``.
+BEST_DECODING = "best_decoding.yaml"
+
+
+def decoding_from(path: str | Path | None) -> dict[str, Any]:
+    """The ``decoding:`` settings of a decoding sweep's ``best_decoding.yaml`` ({} for None).
+
+    ``path`` is the file or the sweep directory holding it.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file has no ``decoding:`` mapping.
+    """
+    if not path:
+        return {}
+    file = Path(path) / BEST_DECODING if Path(path).is_dir() else Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"decoding file {file} not found; give the {BEST_DECODING} of a decoding sweep "
+            "(python evaluate.py -m ckpt_path=... split=validation decoding.beam_size=4,5,8) or "
+            "its sweep directory"
+        )
+    from omegaconf import OmegaConf
+
+    content = OmegaConf.to_container(OmegaConf.load(file))
+    decoding = content.get("decoding") if isinstance(content, dict) else None
+    if not isinstance(decoding, dict):
+        raise ValueError(f"{file} has no 'decoding:' mapping; is it a {BEST_DECODING}?")
+    return {str(k): v for k, v in decoding.items()}
+
+
 def stored_data_config(loaded: LoadedModel) -> DataConfig | None:
     """The data config the checkpoint stores (``None`` if it stores none)."""
     if not loaded.data:
@@ -217,6 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
         "-i", "--input", default="-", help="input file, one sentence a line ('-' = stdin)"
     )
     parser.add_argument("-o", "--output", default="-", help="output file ('-' = stdout)")
+    parser.add_argument(
+        "--decoding-from",
+        metavar="PATH",
+        help=f"{BEST_DECODING} of a decoding sweep (or its directory); the flags below win",
+    )
     parser.add_argument("--beam-size", type=int, help="beam size (1 = greedy)")
     parser.add_argument("--greedy", action="store_true", help="greedy search (= --beam-size 1)")
     parser.add_argument("--length-penalty", type=float, help="GNMT length penalty alpha")
@@ -328,7 +365,7 @@ def _open_translator(args: argparse.Namespace) -> Any:
         device = resolve_device(args.device)
         loaded = load_model(args.ckpt, device)
         search = search_config(
-            loaded.decoding,
+            {**(loaded.decoding or {}), **decoding_from(args.decoding_from)},
             beam_size=1 if args.greedy else args.beam_size,
             length_penalty=args.length_penalty,
             max_len_a=args.max_len_a,

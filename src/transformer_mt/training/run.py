@@ -32,6 +32,7 @@ from transformer_mt.training.checks import (
 from transformer_mt.training.finetune import FreezeParts, check_parts, finetune_start
 from transformer_mt.training.module import TranslationModule
 from transformer_mt.training.precision import resolve_precision
+from transformer_mt.training.pruning import TrialPruning, rerun_as_one_job, trial_from_hydra
 from transformer_mt.training.rundir import (
     check_output_dir,
     lock_run_dir,
@@ -67,6 +68,23 @@ def check_required(cfg: DictConfig) -> None:
         )
 
 
+def run_callbacks(cfg: DictConfig) -> list[Any]:
+    """The configured callbacks plus those every run has: budget, clean stop, trial pruning."""
+    callbacks = _instantiate_all(cfg.get("callbacks"))
+    if not any(isinstance(cb, TrainingBudget) for cb in callbacks):
+        # trainer.max_time becomes the lr horizon; the warmup and the final validation fit in it.
+        budget_args = OmegaConf.to_container(cfg.get("budget") or OmegaConf.create({}))
+        assert isinstance(budget_args, dict)
+        callbacks.append(TrainingBudget(**budget_args))
+    # Ctrl-C / SIGTERM stop at the end of a step: the saved checkpoint resumes bit-identically.
+    callbacks.append(StopAtStepBoundary())
+    # In an Optuna trial: report val/bleu and stop when pruned (under DDP, all ranks together).
+    callbacks.append(
+        TrialPruning(trial_from_hydra(), monitor=cfg.get("optimized_metric") or "val/bleu")
+    )
+    return callbacks
+
+
 def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
     """Build data module, Lightning module and Trainer from a composed config."""
     check_required(cfg)
@@ -96,14 +114,10 @@ def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
     module = _module(cfg, model_config, datamodule, data_config)
     if start is not None:
         start.load_weights(module.model)
-    callbacks = _instantiate_all(cfg.get("callbacks"))
+    callbacks = run_callbacks(cfg)
     if cfg.get("freeze"):
         check_parts(module.model, list(cfg.freeze))  # a wrong name fails before the Trainer
         callbacks.append(FreezeParts(list(cfg.freeze)))
-    if not any(isinstance(cb, TrainingBudget) for cb in callbacks):
-        callbacks.append(TrainingBudget())  # trainer.max_time becomes the lr horizon
-    # Ctrl-C / SIGTERM stop at the end of a step: the saved checkpoint resumes bit-identically.
-    callbacks.append(StopAtStepBoundary())
     check_free_space(run_dir, module, callbacks)
     return datamodule, module, _trainer(cfg, module, callbacks)
 
@@ -149,6 +163,8 @@ def _trainer(cfg: DictConfig, module: TranslationModule, callbacks: list[Any]) -
         cfg.trainer.get("precision"), cfg.trainer.get("accelerator"), module.model
     )
     log.info("precision: %s (%s)", choice.precision, choice.reason)
+    # A sweep trial under DDP: Lightning starts the other ranks as this job, not as the sweep.
+    rerun_as_one_job()
     return hydra.utils.instantiate(
         cfg.trainer,
         callbacks=callbacks,
@@ -264,7 +280,9 @@ def _run(cfg: DictConfig) -> float | None:
     checkpoint_cb = trainer.checkpoint_callback
     best_path = getattr(checkpoint_cb, "best_model_path", "") or ""
     test_metrics: dict[str, float] = {}
-    if cfg.get("test_after_fit", True) and not trainer.fast_dev_run:
+    pruning = next((cb for cb in trainer.callbacks if isinstance(cb, TrialPruning)), None)
+    pruned = pruning is not None and pruning.pruned_at is not None  # no test for a pruned trial
+    if cfg.get("test_after_fit", True) and not trainer.fast_dev_run and not pruned:
         results = trainer.test(
             module, datamodule=datamodule, ckpt_path=best_path or None, verbose=False
         )

@@ -8,9 +8,9 @@
    returned, and for a failed job the exception and traceback;
 2. rewrites ``summary.csv`` and ``summary.md`` in the sweep directory from all those
    files, best run first (failed runs last, with their reason);
-3. for an Optuna study kept in a storage (``hydra.sweeper.storage=sqlite:///...``),
-   writes ``optuna_trials.csv`` at the end: every trial of the study, including those
-   of earlier, resumed invocations.
+3. for an Optuna study (:mod:`transformer_mt.training.sweeper`), writes
+   ``optuna_trials.csv`` at the end: every trial of the study, including those of other
+   workers and of earlier, resumed invocations.
 
 Step 2 runs after every job and once more when the sweep ends, so the summary is
 complete even when the sweep itself stops early (Hydra's basic sweeper raises after
@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import traceback
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,13 +52,18 @@ class JobResult:
     """What one sweep job left behind (the content of its ``sweep_result.json``)."""
 
     job: int
-    status: str  # completed | failed | no_metric
+    status: str  # completed | pruned | failed | no_metric
     metric: str | None
     value: float | None
     overrides: list[str] = field(default_factory=list)
     run_dir: str = ""
     error: str | None = None
     traceback: str | None = None
+    # Optuna sweeps: the study's trial number and state, and the sampled parameters (the
+    # overrides then hold only what the command fixed).
+    trial: int | None = None
+    state: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def read(cls, path: Path) -> JobResult:
@@ -69,8 +75,15 @@ class JobResult:
         write_text_atomic(path, json.dumps(asdict(self), indent=2) + "\n")
 
 
-def _metric_value(value: Any) -> float | None:
-    """A finite float from a job's return value, else ``None``."""
+def _metric_value(value: Any, metric: str | None = None) -> float | None:
+    """A finite float from a job's return value, else ``None``.
+
+    evaluate.py returns its results as a dict: ``metric`` is then a dotted path into it
+    (``metrics.bleu``).
+    """
+    if isinstance(value, Mapping) and metric:
+        for part in metric.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -105,7 +118,7 @@ def job_result(config: DictConfig, job_return: JobReturn) -> JobResult:
         else:
             result.error = str(error)
         return result
-    result.value = _metric_value(job_return.return_value)
+    result.value = _metric_value(job_return.return_value, metric)
     if result.value is None:
         result.status = "no_metric"
         result.error = (
@@ -127,11 +140,17 @@ def collect(sweep_dir: Path) -> list[JobResult]:
 
 
 def rank(results: list[JobResult], maximize: bool = True) -> list[JobResult]:
-    """Best first: runs with a value by value, then the others by job number."""
+    """Best first: finished runs by value, then pruned ones by the value they reached, then
+    the others by job number (a pruned trial's value is from part of its budget)."""
+
+    def by_value(group: list[JobResult]) -> list[JobResult]:
+        return sorted(group, key=lambda r: (-r.value if maximize else r.value, r.job))  # type: ignore[operator]
+
     scored = [r for r in results if r.value is not None]
+    finished = by_value([r for r in scored if r.status != "pruned"])
+    pruned = by_value([r for r in scored if r.status == "pruned"])
     unscored = [r for r in results if r.value is None]
-    scored.sort(key=lambda r: (-r.value if maximize else r.value, r.job))  # type: ignore[operator]
-    return scored + sorted(unscored, key=lambda r: r.job)
+    return finished + pruned + sorted(unscored, key=lambda r: r.job)
 
 
 def _split_override(override: str) -> tuple[str, str]:
@@ -145,23 +164,34 @@ def summary_table(results: list[JobResult]) -> tuple[list[str], list[list[str]],
     Each override that differs between jobs gets its own column, so the table reads
     like the search space: ``model.dropout | optimizer.lr | val/bleu``.
     """
-    per_job = [dict(_split_override(o) for o in r.overrides) for r in results]
+    per_job = [
+        {k: v for k, v in map(_split_override, r.overrides) if not k.startswith("hydra.")}
+        for r in results
+    ]
+    searched: list[str] = []  # sampled parameters: always a column, never "shared"
+    for result in results:
+        searched.extend(k for k in result.params if k not in searched)
     keys: list[str] = []
     for overrides in per_job:
-        keys.extend(k for k in overrides if k not in keys)
+        keys.extend(k for k in overrides if k not in keys and k not in searched)
     common = [k for k in keys if all(k in o for o in per_job) and len({o[k] for o in per_job}) == 1]
-    varying = [k for k in keys if k not in common]
+    varying = [*searched, *(k for k in keys if k not in common)]
+    for overrides, result in zip(per_job, results):
+        overrides.update({k: str(v) for k, v in result.params.items()})
     metric = next((r.metric for r in results if r.metric), None) or "value"
-    header = ["rank", "job", *varying, metric, "status", "error", "run_dir"]
+    optuna = any(r.trial is not None for r in results)
+    header = ["rank", "job", *(["trial", "state"] if optuna else []), *varying, metric]
+    header += ["status", "error", "run_dir"]
     rows = []
     for position, (result, overrides) in enumerate(zip(results, per_job), start=1):
-        value = "" if result.value is None else f"{result.value:.4f}"
+        trial = [str(result.trial if result.trial is not None else ""), result.state or ""]
         rows.append(
             [
                 str(position) if result.value is not None else "-",
                 str(result.job),
+                *(trial if optuna else []),
                 *[overrides.get(k, "") for k in varying],
-                value,
+                "" if result.value is None else f"{result.value:.4f}",
                 result.status,
                 result.error or "",
                 result.run_dir,
@@ -188,11 +218,13 @@ def write_summary(sweep_dir: Path, maximize: bool = True) -> list[JobResult]:
     writer.writerows(rows)
     write_text_atomic(sweep_dir / SUMMARY_CSV, buffer.getvalue())
     done = sum(r.status == "completed" for r in results)
+    pruned = sum(r.status == "pruned" for r in results)
     lines = [
         f"# Sweep summary: {sweep_dir}",
         "",
-        f"{len(results)} runs, {done} completed, {len(results) - done} failed or without "
-        f"a metric; best {'highest' if maximize else 'lowest'} first.",
+        f"{len(results)} runs, {done} completed, {pruned} pruned, "
+        f"{len(results) - done - pruned} failed or without a metric; best "
+        f"{'highest' if maximize else 'lowest'} first (pruned runs after the completed ones).",
         "",
     ]
     if shared:
@@ -218,23 +250,52 @@ def _maximize(config: DictConfig, default: str) -> bool:
 
 
 def write_study_trials(config: DictConfig, sweep_dir: Path) -> int | None:
-    """Dump every trial of a stored Optuna study to ``optuna_trials.csv``; return the count.
+    """Dump every trial of the sweep's Optuna study to ``optuna_trials.csv``; return the count.
 
-    Returns ``None`` (and writes nothing) when the sweep is not an Optuna study with a
-    storage: an in-memory study holds exactly this sweep's jobs, already in the summary.
+    Returns ``None`` (and writes nothing) when the sweep is not an Optuna study.
     """
-    storage = OmegaConf.select(config, "hydra.sweeper.storage", default=None)
+    target = str(OmegaConf.select(config, "hydra.sweeper._target_", default="") or "")
     study_name = OmegaConf.select(config, "hydra.sweeper.study_name", default=None)
-    if not isinstance(storage, str) or not storage or not study_name:
+    if not target.endswith("OptunaStudySweeper") or not study_name:
         return None
     import optuna
 
-    study = optuna.load_study(study_name=study_name, storage=storage)
+    from transformer_mt.training.study import open_storage, storage_url
+
+    storage = storage_url(OmegaConf.select(config, "hydra.sweeper.storage"), sweep_dir)
+    study = optuna.load_study(study_name=study_name, storage=open_storage(storage))
     frame = study.trials_dataframe(
-        attrs=("number", "value", "state", "params", "datetime_start", "duration")
+        attrs=("number", "value", "state", "params", "user_attrs", "datetime_start", "duration")
     )
     frame.to_csv(sweep_dir / "optuna_trials.csv", index=False)
     return len(frame)
+
+
+def write_best_decoding(config: DictConfig, best: JobResult, sweep_dir: Path) -> Path | None:
+    """For a decoding sweep (evaluate.py -m): the best job's ``decoding.*`` as a file that
+    ``evaluate.py decoding_from=`` and ``transformer-mt-translate --decoding-from`` read."""
+    if "ckpt_path" not in config or "decoding" not in config:
+        return None
+    chosen = dict(OmegaConf.to_container(config.decoding, resolve=True) or {})  # type: ignore[arg-type]
+    for key, value in map(_split_override, best.overrides):
+        if key.startswith("decoding."):
+            chosen[key.removeprefix("decoding.")] = yaml_value(value)
+    content = {
+        "checkpoint": str(config.ckpt_path),
+        "split": OmegaConf.select(config, "split"),
+        best.metric or "value": best.value,
+        "decoding": {k: v for k, v in chosen.items() if v is not None},
+    }
+    path = sweep_dir / "best_decoding.yaml"
+    header = "# The best decoding of this sweep; use it with decoding_from=<this file>.\n"
+    write_text_atomic(path, header + OmegaConf.to_yaml(content))
+    log.info("best decoding: %s (%s)", content["decoding"], path)
+    return path
+
+
+def yaml_value(text: str) -> Any:
+    """An override's value as YAML reads it (``5`` -> 5, ``0.6`` -> 0.6, ``null`` -> None)."""
+    return OmegaConf.create(f"v: {text}").v if text else None
 
 
 class SweepSummary(Callback):
@@ -293,6 +354,7 @@ class SweepSummary(Callback):
         if best.value is None:
             log.warning("no run of the sweep produced %s; see %s", best.metric, sweep_dir)
             return
+        write_best_decoding(config, best, sweep_dir)
         log.info(
             "sweep summary: %s (best %s=%.4f, job %d: %s)",
             sweep_dir / SUMMARY_MD,

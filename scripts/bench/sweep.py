@@ -1,0 +1,161 @@
+"""Sweep benchmark: what pruning and a second worker save on a study of the numbers task.
+
+Four studies run one after the other, each a real ``python train.py -m
+hparams_search=numbers_optuna`` (the trials train, validate and write checkpoints):
+
+* ``unpruned``: ``--trials`` trials (random sampler, seeded per trial number), no pruner;
+* ``pruned``: the same trials (the same seed draws the same parameters for each trial number),
+  with successive halving (rungs at 10% and 30% of the budget); every trial validates 8 times;
+* ``one worker``: ``--worker-trials`` trials, one process with one thread;
+* ``two workers``: the same study size run by two processes (one thread each) on one storage.
+
+Goals (issue 20): the pruned study takes <= 40% of the unpruned one's wall time and its best
+``val/bleu`` is within 1 BLEU of the unpruned best; two workers take <= 60% of one worker's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import Table, environment, goal
+
+NAME = "sweep"
+HELP = "pruned vs unpruned study, one vs two workers (numbers task, real trials)"
+QUICK = {"trials": 2, "worker_trials": 2, "epochs": 2, "train_size": 300, "val_size": 20}
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``benchmark.py sweep``."""
+    p.add_argument("--trials", type=int, default=16, help="trials of the pruning comparison")
+    p.add_argument("--worker-trials", type=int, default=12, help="trials of the worker study")
+    p.add_argument("--epochs", type=int, default=8, help="epochs (= validations) per trial")
+    p.add_argument("--train-size", type=int, default=1000, help="training sentences")
+    p.add_argument("--val-size", type=int, default=50, help="validation sentences")
+    p.add_argument("--seed", type=int, default=7, help="sampler seed")
+
+
+def _command(args: argparse.Namespace, sweep_dir: Path, extra: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        "train.py",
+        "-m",
+        "hparams_search=numbers_optuna",
+        f"data.sizes.train={args.train_size}",
+        f"data.sizes.validation={args.val_size}",
+        f"trainer.max_epochs={args.epochs}",
+        "hydra.sweeper.sampler.name=random",
+        f"hydra.sweeper.sampler.seed={args.seed}",
+        "hydra.sweeper.plots=false",
+        "threads=1",
+        f"hydra.sweep.dir={sweep_dir}",
+        *extra,
+    ]
+
+
+def _study(args: argparse.Namespace, sweep_dir: Path, extra: list[str], workers: int) -> dict:
+    """Run one study with ``workers`` processes; its wall time and its trials."""
+    import optuna
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline")
+    start = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            _command(args, sweep_dir, extra),
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(workers)
+    ]
+    errors = [proc.communicate()[1] for proc in procs]
+    seconds = time.perf_counter() - start
+    for proc, err in zip(procs, errors):
+        if proc.returncode != 0:
+            raise RuntimeError(f"sweep failed ({proc.returncode}):\n{err[-3000:]}")
+    study = optuna.load_study(study_name="numbers", storage=f"sqlite:///{sweep_dir}/optuna.db")
+    trials = [
+        {"number": t.number, "state": t.state.name, "value": t.value, "params": t.params}
+        for t in study.trials
+    ]
+    complete = [t["value"] for t in trials if t["state"] == "COMPLETE"]
+    return {
+        "seconds": seconds,
+        "workers": workers,
+        "trials": trials,
+        "best": max(complete) if complete else None,
+        "pruned": sum(t["state"] == "PRUNED" for t in trials),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the four studies; return settings, results, goals and the environment."""
+    n, k = args.trials, args.worker_trials
+    sha = [
+        "hydra.sweeper.pruner.name=successive_halving",
+        # The first rung at the first validation, on the 5% grid trials report on.
+        f"hydra.sweeper.pruner.min_resource={max(5 * (100 // args.epochs // 5), 5)}",
+        "hydra.sweeper.pruner.reduction_factor=3",
+    ]
+    none = ["hydra.sweeper.pruner.name=none"]
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
+        root = Path(tmp)
+        studies = {
+            "unpruned": _study(args, root / "a", [f"hydra.sweeper.n_trials={n}", *none], 1),
+            "pruned": _study(args, root / "b", [f"hydra.sweeper.n_trials={n}", *sha], 1),
+            "one worker": _study(args, root / "c", [f"hydra.sweeper.n_trials={k}", *none], 1),
+            "two workers": _study(args, root / "d", [f"hydra.sweeper.n_trials={k}", *none], 2),
+        }
+    time_ratio = studies["pruned"]["seconds"] / studies["unpruned"]["seconds"]
+    worker_ratio = studies["two workers"]["seconds"] / studies["one worker"]["seconds"]
+    gap = (studies["unpruned"]["best"] or 0.0) - (studies["pruned"]["best"] or 0.0)
+    goals = [
+        goal("pruned / unpruned wall time", time_ratio, 0.40, higher_is_better=False),
+        goal("unpruned best - pruned best val/bleu", gap, 1.0, higher_is_better=False),
+        goal("two workers / one worker wall time", worker_ratio, 0.60, higher_is_better=False),
+    ]
+    settings = {
+        k: v
+        for k, v in vars(args).items()
+        if k in ("trials", "worker_trials", "epochs", "val_size", "train_size", "seed")
+    }
+    return {"settings": settings, "studies": studies, "goals": goals, "environment": environment()}
+
+
+def tables(result: dict[str, Any]) -> list[Table]:
+    """One row per study: trials, pruned, best val/bleu, wall time, ratio."""
+    studies = result["studies"]
+    base = {
+        "unpruned": "unpruned",
+        "pruned": "unpruned",
+        "one worker": "one worker",
+        "two workers": "one worker",
+    }
+    rows = []
+    for name, study in studies.items():
+        best = "-" if study["best"] is None else f"{study['best']:.2f}"
+        ratio = study["seconds"] / studies[base[name]]["seconds"]
+        rows.append(
+            [
+                name,
+                str(study["workers"]),
+                str(len(study["trials"])),
+                str(study["pruned"]),
+                best,
+                f"{study['seconds']:.0f}",
+                f"{ratio:.2f}x",
+            ]
+        )
+    title = f"sweep studies on the numbers task ({result['environment']['cpu']})"
+    header = ["study", "workers", "trials", "pruned", "best val/bleu", "wall s", "vs baseline"]
+    return [(title, header, rows)]

@@ -1,0 +1,332 @@
+"""The Optuna side of a sweep: search space, storage, sampler, pruner and the study itself.
+
+Everything here is plain Optuna and Hydra's override grammar; the Hydra sweeper
+(:mod:`transformer_mt.training.sweeper`) and the Lightning callback that reports to a trial
+(:mod:`transformer_mt.training.pruning`) build on it; both import this module only once a
+sweep or a trial runs, so a single training run never pays for importing Optuna.
+
+Search spaces use the grammar of Hydra's sweep overrides, the ``params:`` syntax of the Hydra
+Optuna plugin:
+
+- ``choice(a, b, c)``: categorical;
+- ``range(2, 6)``: the integers 2..5 (Python's ``range``; a third argument is the step);
+- ``interval(1e-4, 1e-2)``: a float in the interval, ``tag(log, interval(...))`` on a log
+  scale, ``int(interval(2, 8))`` an integer in [2, 8].
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+import optuna.distributions as dist
+import optuna.pruners as pruners
+import optuna.samplers as samplers
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_mt.cli import UserError
+
+log = logging.getLogger(__name__)
+
+#: The environment variable through which a sweeper hands its storage URL to its trials (it may
+#: hold a password, so it travels neither in overrides nor in the job's saved config).
+STORAGE_ENV = "TRANSFORMER_MT_SWEEP_STORAGE"
+#: User attribute of a trial that its run stopped on the pruner's word (budget percent reached).
+PRUNED_AT = "pruned_at"
+SAMPLERS = ("tpe", "random")
+PRUNERS = ("none", "median", "successive_halving", "hyperband")
+
+
+# ---------------------------------------------------------------------- search space
+
+
+def _flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"optimizer": {"lr": x}}`` and ``{"optimizer.lr": x}`` both become ``optimizer.lr``."""
+    flat: dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) or OmegaConf.is_dict(value):
+            flat.update(_flatten(value, prefix=f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _parse(key: str, text: Any) -> Override:
+    """One ``key=value`` through Hydra's override parser."""
+    try:
+        return OverridesParser.create().parse_overrides([f"{key}={text}"])[0]
+    except Exception as err:  # Hydra's parser raises its own types for bad syntax
+        raise UserError(
+            f"search space: cannot parse {key}={text}: {' '.join(str(err).split())}; use "
+            "choice(a,b), range(2,6), interval(1e-4,1e-2) or tag(log, interval(...))"
+        ) from None
+
+
+def distribution(key: str, override: Override) -> dist.BaseDistribution:
+    """The Optuna distribution of one parsed sweep override.
+
+    Raises:
+        UserError: an empty choice, an empty range or interval, a log scale over values <= 0.
+    """
+    value = override.value()
+    if isinstance(value, ChoiceSweep):
+        if not value.list:
+            raise UserError(f"search space: {key}=choice() has no values; list at least one")
+        return dist.CategoricalDistribution([_plain(v) for v in value.list])
+    if isinstance(value, RangeSweep):
+        values = list(override.sweep_iterator())
+        if not values:
+            raise UserError(f"search space: {key}: the range is empty; need start < stop")
+        start, step = values[0], value.step
+        if all(isinstance(v, int) for v in values) and isinstance(step, int):
+            return dist.IntDistribution(int(start), int(values[-1]), step=int(step))
+        return dist.CategoricalDistribution([float(v) for v in values])
+    if isinstance(value, IntervalSweep):
+        low, high = value.start, value.end
+        log_scale = "log" in (value.tags or set())
+        if low is None or high is None or not low < high:
+            raise UserError(f"search space: {key}=interval({low}, {high}): need low < high")
+        if log_scale and low <= 0:
+            raise UserError(f"search space: {key}: a log interval needs low > 0, got {low}")
+        if isinstance(low, int) and isinstance(high, int):  # int(interval(...))
+            return dist.IntDistribution(int(low), int(high), log=log_scale)
+        return dist.FloatDistribution(float(low), float(high), log=log_scale)
+    raise UserError(
+        f"search space: {key}={override.input_line.split('=', 1)[-1]} is not a distribution; "
+        "use choice(...), range(...) or interval(...), or give it as a plain override"
+    )
+
+
+def _plain(value: Any) -> Any:
+    """Categorical choices are stored in the study: keep them JSON-plain."""
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    return str(value)
+
+
+def search_space(
+    params: Mapping[str, Any] | None, arguments: list[str]
+) -> tuple[dict[str, Any], list[str]]:
+    """Distributions by key and the fixed overrides, from ``params:`` and the command line.
+
+    A sweep on the command line (``model.n_heads=choice(2,4)``) joins the space and wins over
+    the same key in ``params``; any other argument is fixed for every trial (and a plain value
+    for a key of ``params`` takes it out of the search).
+    """
+    space: dict[str, Any] = {}
+    for key, text in _flatten(params or {}).items():
+        override = _parse(key, text)
+        if override.is_sweep_override():
+            space[key] = distribution(key, override)
+        else:  # a plain value in params: fixed, not searched
+            arguments = [*arguments, f"{key}={text}"]
+    fixed: list[str] = []
+    for argument in arguments:
+        key, _, text = argument.partition("=")
+        if not text or key.startswith("~"):  # a deletion, never a sweep
+            fixed.append(argument)
+            continue
+        override = _parse(key, text)
+        if override.is_sweep_override():
+            space[key] = distribution(key, override)
+        else:
+            fixed.append(argument)
+    # A plain value on the command line fixes a key that params would search.
+    pinned = {argument.partition("=")[0].lstrip("+") for argument in fixed}
+    return {k: v for k, v in space.items() if k.lstrip("+") not in pinned}, fixed
+
+
+def check_keys(space: Mapping[str, Any], config: DictConfig) -> None:
+    """Every searched key names a value of the config (``+key`` adds one, so it may not).
+
+    Raises:
+        UserError: a key the config does not have, with the nearest existing parent.
+    """
+    for key in space:
+        name = key.lstrip("+~")
+        if key.startswith("+") or OmegaConf.select(config, name, default=_MISSING) is not _MISSING:
+            continue
+        parent = name.rsplit(".", 1)[0] if "." in name else ""
+        known = OmegaConf.select(config, parent) if parent else config
+        keys = ", ".join(sorted(map(str, known.keys()))) if OmegaConf.is_dict(known) else ""
+        raise UserError(
+            f"search space: unknown parameter {name!r} (not in the composed config"
+            + (f"; {parent or 'the top level'} has: {keys}" if keys else "")
+            + f"); fix the name, or write +{name} to add a new key"
+        )
+
+
+_MISSING = object()
+
+
+# ---------------------------------------------------------------------- storage and study
+
+
+def storage_url(storage: str | None, sweep_dir: Path) -> str:
+    """The storage: as given, or a SQLite file in the sweep directory (every sweep resumes)."""
+    if storage:
+        return str(storage)
+    return f"sqlite:///{(sweep_dir / 'optuna.db').resolve()}"
+
+
+def open_storage(url: str, *, heartbeat_interval: int | None = None, max_retry: int = 0) -> Any:
+    """An Optuna storage for ``url``: a SQLAlchemy URL, or ``journal:<file>`` (journal file).
+
+    Heartbeats mark a trial whose worker died (kill -9, a lost machine) as failed; with
+    ``max_retry`` > 0 another worker then runs its parameters again.
+    """
+    from optuna.storages import RetryFailedTrialCallback
+
+    # Heartbeats are "experimental" and "meant for Study.optimize" to Optuna; this sweeper beats
+    # itself (study_run.StudyWorker), so the warnings would only be noise in every trial's log.
+    warnings.filterwarnings("ignore", message=".*[Hh]eartbeat.*")
+    retry = RetryFailedTrialCallback(max_retry=max_retry) if max_retry > 0 else None
+    beat: dict[str, Any] = {}
+    if heartbeat_interval:
+        beat = {"heartbeat_interval": int(heartbeat_interval), "failed_trial_callback": retry}
+    try:
+        if url.startswith("journal:"):
+            from optuna.storages.journal import JournalFileBackend
+
+            path = url.removeprefix("journal:").removeprefix("//")
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            return optuna.storages.JournalStorage(JournalFileBackend(path), **beat)
+        return optuna.storages.RDBStorage(url, skip_compatibility_check=False, **beat)
+    except Exception as err:
+        raise UserError(
+            f"cannot open the study storage {redact(url)}: {' '.join(str(err).split())[:300]}; "
+            "check the URL (sqlite:///path.db, postgresql://user@host/db, journal:/path.log) "
+            "and that its server or directory is reachable"
+        ) from None
+
+
+def redact(url: str) -> str:
+    """``url`` without its password, for messages and logs."""
+    head, sep, tail = url.partition("@")
+    if not sep or "://" not in head:
+        return url
+    scheme, _, credentials = head.partition("://")
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{tail}" if ":" in credentials else url
+
+
+def open_study(
+    storage: Any, name: str, direction: str, *, sampler: Any = None, pruner: Any = None
+) -> Any:
+    """Create the study, or load it if it exists; refuse one stored with the other direction."""
+    if direction not in ("maximize", "minimize"):
+        raise UserError(f"hydra.sweeper.direction must be maximize or minimize, got {direction!r}")
+    try:
+        existing = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    except KeyError:
+        existing = None
+    if existing is not None and existing.direction.name.lower() != direction:
+        raise UserError(
+            f"study {name!r} in this storage already exists with direction "
+            f"{existing.direction.name.lower()}, not {direction}; choose another "
+            "hydra.sweeper.study_name or the stored direction"
+        )
+    return optuna.create_study(
+        study_name=name,
+        storage=storage,
+        sampler=sampler,
+        pruner=pruner,
+        direction=direction,
+        load_if_exists=True,
+    )
+
+
+# ---------------------------------------------------------------------- sampler and pruner
+
+
+def trial_seed(seed: int | None, number: int) -> int | None:
+    """A seed per (sweep seed, trial number): distinct for every trial, on every worker."""
+    if seed is None:
+        return None
+    digest = hashlib.sha256(f"{seed}:{number}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def make_sampler(cfg: Mapping[str, Any]) -> Any:
+    """The configured sampler, seeded per trial (:class:`TrialSeededSampler`)."""
+    name = str(cfg.get("name", "tpe"))
+    if name not in SAMPLERS:
+        raise UserError(f"hydra.sweeper.sampler.name must be one of {SAMPLERS}, got {name!r}")
+    options = {k: v for k, v in dict(cfg).items() if k not in ("name", "seed")}
+    return TrialSeededSampler(name, cfg.get("seed"), options)
+
+
+def make_pruner(cfg: Mapping[str, Any] | None) -> Any:
+    """The configured pruner; resources are percent of the trial's budget (1..100)."""
+    cfg = dict(cfg or {})
+    name = str(cfg.pop("name", "none"))
+    if name == "none":
+        return pruners.NopPruner()
+    if name == "median":
+        keys = ("n_startup_trials", "n_warmup_steps", "interval_steps", "n_min_trials")
+        return pruners.MedianPruner(**{k: int(cfg[k]) for k in keys if cfg.get(k) is not None})
+    if name in ("successive_halving", "hyperband"):
+        min_resource = int(cfg.get("min_resource") or 10)
+        factor = int(cfg.get("reduction_factor") or 3)
+        if name == "successive_halving":
+            return pruners.SuccessiveHalvingPruner(
+                min_resource=min_resource, reduction_factor=factor
+            )
+        return pruners.HyperbandPruner(
+            min_resource=min_resource, max_resource=100, reduction_factor=factor
+        )
+    raise UserError(f"hydra.sweeper.pruner.name must be one of {PRUNERS}, got {name!r}")
+
+
+class TrialSeededSampler(samplers.BaseSampler):
+    """A sampler re-seeded for each trial from (seed, trial number).
+
+    One sampler seeded once per process draws the same start-up parameters in every worker and
+    in every resumed invocation. Trial numbers are unique in a study, whichever worker asks,
+    so a seed derived from them gives every trial its own draw, reproducibly.
+    """
+
+    def __init__(self, name: str, seed: int | None, options: Mapping[str, Any]) -> None:
+        self.name, self.seed, self.options = name, seed, dict(options)
+        self._inner = self._build(seed)
+
+    def _build(self, seed: int | None) -> samplers.BaseSampler:
+        if self.name == "random":
+            return samplers.RandomSampler(seed=seed)
+        return samplers.TPESampler(seed=seed, **self.options)
+
+    def before_trial(self, study: optuna.Study, trial: Any) -> None:
+        self._inner = self._build(trial_seed(self.seed, trial.number))
+        self._inner.before_trial(study, trial)
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: Any) -> Any:
+        return self._inner.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: Any, search_space: Any) -> Any:
+        return self._inner.sample_relative(study, trial, search_space)
+
+    def sample_independent(
+        self, study: optuna.Study, trial: Any, param_name: str, param_distribution: Any
+    ) -> Any:
+        return self._inner.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: optuna.Study, trial: Any, state: Any, values: Any) -> None:
+        self._inner.after_trial(study, trial, state, values)
+
+
+def finite(value: Any) -> float | None:
+    """A finite float, else ``None``."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None

@@ -1,0 +1,49 @@
+"""PNG plots of a study, with Optuna's matplotlib visualisation.
+
+Written into the sweep directory when a sweep ends, and on demand for any stored study
+(``scripts/study_plots.py``). A plot that cannot be drawn yet (parameter importances need two
+finished trials, intermediate values need a reported one) is skipped with its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: File name -> Optuna plot function name (optuna.visualization.matplotlib).
+PLOTS = {
+    "optimization_history.png": "plot_optimization_history",
+    "intermediate_values.png": "plot_intermediate_values",
+    "param_importances.png": "plot_param_importances",
+    "parallel_coordinate.png": "plot_parallel_coordinate",
+}
+
+
+def write_plots(study: Any, out_dir: Path) -> list[Path]:
+    """Write the four plots of ``study`` into ``out_dir``; return the files written."""
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a server or in a test
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as views
+
+    written = []
+    for name, function in PLOTS.items():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "experimental feature" on every call
+                axes = getattr(views, function)(study)
+            figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
+            figure.set_size_inches(9, 5.5)
+            figure.tight_layout()
+            figure.savefig(out_dir / name, dpi=110)
+            plt.close(figure)
+            written.append(out_dir / name)
+        except Exception as err:  # too few trials for this plot; the others still come
+            log.info("study plot %s skipped: %s", name, " ".join(str(err).split()))
+    return written

@@ -1,0 +1,242 @@
+"""One worker of a study: ask a trial, run it as a Hydra job, tell how it ended; repeat.
+
+:class:`StudyWorker` is what :class:`transformer_mt.training.sweeper.OptunaStudySweeper` runs.
+It checks everything it can before the first trial (search space, storage, study direction,
+sweep directory), so that bad input costs one ``error:`` line, not a failed night.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import DictConfig, OmegaConf
+from optuna.trial import TrialState
+
+from transformer_mt.cli import UserError
+from transformer_mt.files import write_text_atomic
+from transformer_mt.training import study as st
+from transformer_mt.training.sweep import RESULT_FILE, JobResult, write_summary
+
+log = logging.getLogger(__name__)
+
+#: Trial states that count towards ``n_trials`` (a failed trial is replaced by a new one).
+COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
+
+
+def _value_text(value: Any) -> str:
+    """A sampled value as a Hydra override value (strings with grammar characters quoted)."""
+    text = str(value)
+    if isinstance(value, str) and any(c in text for c in " ,()[]{}='\"\\:"):
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return text
+
+
+def check_writable(directory: Path) -> None:
+    """The sweep directory exists (or is created) and takes a file, else a UserError."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise UserError(
+            f"cannot write the sweep directory {directory}: {err.strerror or err}; choose a "
+            "writable hydra.sweep.dir"
+        ) from None
+
+
+class StudyWorker:
+    """The search loop of one worker; everything is checked in ``__init__``."""
+
+    def __init__(
+        self, settings: DictConfig, config: DictConfig, launcher: Any, arguments: list[str]
+    ) -> None:
+        self.settings, self.config, self.launcher = settings, config, launcher
+        self.sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+        params = settings.get("params")
+        params = OmegaConf.to_container(params) if params is not None else {}
+        self.space, self.fixed = st.search_space(params, list(arguments))  # type: ignore[arg-type]
+        if not self.space:
+            raise UserError(
+                "the search space is empty: give hydra.sweeper.params or a sweep such as "
+                "model.dropout=choice(0.1,0.2) on the command line"
+            )
+        st.check_keys(self.space, config)
+        check_writable(self.sweep_dir)
+        self.n_trials = int(settings.n_trials)
+        if self.n_trials < 0:
+            raise UserError(f"hydra.sweeper.n_trials must be >= 0, got {self.n_trials}")
+        optuna.logging.disable_default_handler()  # through Hydra's logging: console and file
+        optuna.logging.enable_propagation()
+        self.url = st.storage_url(settings.get("storage"), self.sweep_dir)
+        self.heartbeat = int(settings.get("heartbeat_interval") or 0)
+        self.storage = st.open_storage(
+            self.url, heartbeat_interval=self.heartbeat, max_retry=int(settings.max_retry)
+        )
+        self.study = st.open_study(
+            self.storage,
+            str(settings.study_name),
+            str(settings.direction),
+            sampler=st.make_sampler(settings.sampler),
+            pruner=st.make_pruner(settings.pruner),
+        )
+        # Trials read the storage from the environment (a URL may carry a password).
+        os.environ[st.STORAGE_ENV] = self.url
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> list[JobReturn]:
+        # Atomic: the workers of one sweep directory all write it (with the same content).
+        write_text_atomic(self.sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))
+        log.info(
+            "study %r in %s: %d trials wanted, %d there; sweep directory %s",
+            self.study.study_name,
+            st.redact(self.url),
+            self.n_trials,
+            len(self.study.trials),
+            self.sweep_dir,
+        )
+        returns: list[JobReturn] = []
+        while (trial := self._next_trial()) is not None:
+            returns.append(self._run_trial(trial))
+        returns += self._confirm()
+        self._finish()
+        return returns
+
+    def _next_trial(self) -> optuna.Trial | None:
+        """A trial to run, or None when the study holds ``n_trials`` (waiting for live ones)."""
+        while True:
+            if self.heartbeat:
+                optuna.storages.fail_stale_trials(self.study)
+            trials = self.study.get_trials(deepcopy=False)
+            counted = [t for t in trials if t.state in COUNTED]
+            running = [t for t in trials if t.state == TrialState.RUNNING]
+            if len(counted) < self.n_trials or any(t.state == TrialState.WAITING for t in trials):
+                break
+            if not (running and self.heartbeat):
+                return None
+            # Other workers' trials still run: stay, to take over a retry if one of them dies.
+            time.sleep(min(self.heartbeat, 5))
+        trial = self.study.ask(self.space)
+        counted = sorted(
+            t.number for t in self.study.get_trials(deepcopy=False) if t.state in COUNTED
+        )
+        if trial.number not in counted[: self.n_trials]:
+            # Two workers asked at the same moment for the last place: the later one yields.
+            trial.set_user_attr("surplus", True)
+            self.study.tell(trial, state=TrialState.FAIL)
+            return None
+        return trial
+
+    def _overrides(self, params: dict[str, Any]) -> list[str]:
+        return [*self.fixed, *(f"{k}={_value_text(v)}" for k, v in params.items())]
+
+    def _run_trial(self, trial: optuna.Trial) -> JobReturn:
+        overrides = [*self._overrides(trial.params), f"hydra.sweeper.trial_id={trial._trial_id}"]
+        log.info("trial %d: %s", trial.number, " ".join(self._overrides(trial.params)))
+        with self._beating(trial._trial_id):
+            [job] = self.launcher.launch([overrides], initial_job_idx=trial.number)
+        state, value = self._outcome(trial, job)
+        if state == TrialState.COMPLETE:
+            self.study.tell(trial, value)
+        else:
+            self.study.tell(trial, state=state)
+        self._record(job, trial.number, state.name, trial.params)
+        return job
+
+    def _outcome(self, trial: optuna.Trial, job: JobReturn) -> tuple[TrialState, float | None]:
+        if job.status == JobStatus.FAILED:
+            return TrialState.FAIL, None
+        value = st.finite(job._return_value)
+        if st.PRUNED_AT in self.storage.get_trial(trial._trial_id).user_attrs:
+            return TrialState.PRUNED, value
+        return (TrialState.COMPLETE, value) if value is not None else (TrialState.FAIL, None)
+
+    @contextlib.contextmanager
+    def _beating(self, trial_id: int) -> Iterator[None]:
+        """Record the trial's heartbeat every ``heartbeat_interval`` seconds while it runs."""
+        if not self.heartbeat or not hasattr(self.storage, "record_heartbeat"):
+            yield
+            return
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(self.heartbeat):
+                self.storage.record_heartbeat(trial_id)
+
+        self.storage.record_heartbeat(trial_id)
+        thread = threading.Thread(target=beat, name="optuna-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def _record(self, job: JobReturn, number: int, state: str, params: dict[str, Any]) -> None:
+        """Add the trial's number, state and parameters to its ``sweep_result.json``."""
+        run_dir = Path(str(OmegaConf.select(job.hydra_cfg, "hydra.runtime.output_dir", default="")))
+        path = run_dir / RESULT_FILE
+        if not path.is_file():
+            return
+        result = JobResult.read(path)
+        result.trial, result.state, result.params = number, state, dict(params)
+        result.overrides = [o for o in result.overrides if not o.startswith("hydra.")]
+        for key in params:
+            result.overrides = [o for o in result.overrides if o.split("=", 1)[0] != key]
+        if state == "PRUNED":
+            result.status = "pruned"
+        result.write(path)
+        write_summary(self.sweep_dir, maximize=self.study.direction.name == "MAXIMIZE")
+
+    # ------------------------------------------------------------------ after the search
+
+    def _confirm(self) -> list[JobReturn]:
+        """Re-run the best ``confirm.top_k`` completed trials with ``confirm.overrides``."""
+        confirm = self.settings.confirm
+        top_k = int(confirm.top_k or 0)
+        if top_k <= 0:
+            return []
+        done = [t for t in self.study.trials if t.state == TrialState.COMPLETE]
+        reverse = self.study.direction.name == "MAXIMIZE"
+        best = sorted(done, key=lambda t: t.value, reverse=reverse)[:top_k]
+        returns = []
+        for trial in best:
+            overrides = [
+                *self._overrides(trial.params),
+                *[str(o) for o in confirm.overrides],
+                f"hydra.sweep.subdir=confirm_{trial.number}",
+            ]
+            log.info("confirming trial %d: %s", trial.number, " ".join(overrides))
+            [job] = self.launcher.launch([overrides], initial_job_idx=trial.number)
+            value = st.finite(job._return_value) if job.status != JobStatus.FAILED else None
+            if value is not None:
+                self.study.set_user_attr(f"confirm_{trial.number}", value)
+            self._record(job, trial.number, "CONFIRM", trial.params)
+            returns.append(job)
+        return returns
+
+    def _finish(self) -> None:
+        """``optimization_results.yaml`` and the plots of the study."""
+        from transformer_mt.training.study_plots import write_plots
+
+        done = [t for t in self.study.trials if t.state == TrialState.COMPLETE]
+        if done:
+            best = self.study.best_trial
+            results = {"name": self.study.study_name, "best_trial": best.number}
+            results.update(best_params=best.params, best_value=best.value)
+            write_text_atomic(
+                self.sweep_dir / "optimization_results.yaml", OmegaConf.to_yaml(results)
+            )
+            log.info("best trial %d: %s = %s", best.number, best.params, best.value)
+        if self.settings.get("plots", True):
+            write_plots(self.study, self.sweep_dir)

@@ -1,0 +1,111 @@
+"""The Optuna sweeper behind ``python train.py -m hparams_search=...`` (a Hydra sweeper plugin).
+
+Selected by ``override /hydra/sweeper: optuna_study`` in ``configs/hparams_search/*.yaml``;
+Hydra finds the plugin class in ``src/hydra_plugins/transformer_mt_sweeper``, builds it from
+:class:`OptunaStudySweeperConf` (``hydra.sweeper.*``) and the class calls :func:`sweep`. One
+invocation is one *worker*:
+
+1. it reads the search space (``params:`` and any ``key=choice(...)`` on the command line),
+   checks it against the composed config, opens the study in its storage (default: a SQLite
+   file in the sweep directory, so every sweep resumes) and refuses bad input with one
+   ``error:`` line before any trial starts;
+2. it asks the study for a trial, runs it as one Hydra job (directory ``<sweep dir>/<trial
+   number>``) with a heartbeat, tells the study how it ended (COMPLETE, PRUNED, FAIL), and
+   repeats until the study holds ``n_trials`` trials, counting those of every worker;
+3. optionally it re-runs the best ``confirm.top_k`` trials with ``confirm.overrides`` (the
+   second stage of a two-stage search), then writes plots of the study.
+
+N workers (the same command on N machines, one storage) share the study: trial numbers are
+unique, each trial's sampler seed derives from its number, and a worker that dies mid-trial
+stops beating; the others mark its trial failed (and retry it with ``max_retry``).
+
+Only this module's configuration is imported at Hydra start-up; Optuna loads when a sweep runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SamplerConf:
+    """``hydra.sweeper.sampler``: ``tpe`` or ``random``; other keys go to TPESampler."""
+
+    name: str = "tpe"
+    # Each trial's seed derives from (seed, trial number): reproducible, distinct per trial.
+    seed: int | None = None
+    n_startup_trials: int = 10
+    multivariate: bool = False
+
+
+@dataclass
+class PrunerConf:
+    """``hydra.sweeper.pruner``; resources and steps are percent of a trial's budget."""
+
+    name: str = "none"  # none | median | successive_halving | hyperband
+    n_startup_trials: int = 4  # median: trials that finish before any is pruned
+    n_warmup_steps: int = 10  # median: percent of the budget before a trial may be pruned
+    min_resource: int = 10  # successive_halving / hyperband: the first rung, in percent
+    reduction_factor: int = 3  # successive_halving / hyperband: 1 in this many goes on
+
+
+@dataclass
+class ConfirmConf:
+    """``hydra.sweeper.confirm``: re-run the best ``top_k`` trials with these overrides."""
+
+    top_k: int = 0
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class OptunaStudySweeperConf:
+    # Hydra accepts plugin classes from the hydra_plugins namespace only: the thin class there
+    # hands the work to sweep() below.
+    _target_: str = "hydra_plugins.transformer_mt_sweeper.optuna_study.OptunaStudySweeper"
+    direction: str = "maximize"
+    study_name: str = "study"
+    # null: sqlite:///<sweep dir>/optuna.db. Any SQLAlchemy URL, or journal:<file>.
+    storage: str | None = None
+    # Trials the study holds in the end (all workers and invocations; failed ones not counted).
+    n_trials: int = 10
+    sampler: SamplerConf = field(default_factory=SamplerConf)
+    pruner: PrunerConf = field(default_factory=PrunerConf)
+    params: dict[str, Any] | None = None
+    # Seconds between a running trial's heartbeats (0: none); a trial silent for twice this
+    # long is failed by the next worker that asks, and run again up to max_retry times.
+    heartbeat_interval: int = 30
+    max_retry: int = 0
+    confirm: ConfirmConf = field(default_factory=ConfirmConf)
+    plots: bool = True
+    # Set by the sweeper for each of its jobs: the storage id of the trial the job reports to.
+    trial_id: int | None = None
+
+
+ConfigStore.instance().store(
+    group="hydra/sweeper",
+    name="optuna_study",
+    node=OptunaStudySweeperConf,
+    provider="transformer_mt",
+)
+
+
+def sweep(settings: DictConfig, config: DictConfig, launcher: Any, arguments: list[str]) -> Any:
+    """Run one worker of the study; bad input exits with one ``error:`` line before any trial."""
+    from transformer_mt.cli import EXIT_USER_ERROR, UserError
+    from transformer_mt.training.study_run import StudyWorker
+
+    try:
+        worker = StudyWorker(settings, config, launcher, arguments)
+    except UserError as err:
+        sys.stdout.flush()
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USER_ERROR)
+    return worker.run()
