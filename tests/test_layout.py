@@ -31,7 +31,6 @@ TO_SHORTEN: dict[str, str] = {
     "data/prepare.py:decode_loader": "keyword-only options after the data",
     "inference/decode.py:decode": "keyword-only options after the batches",
     "inference/evaluate.py:run": "split by input mode and reporting",
-    "inference/export_card.py:model_card": "sections built by small helpers",
     "inference/search.py:greedy_search": "keyword-only options from SearchConfig",
     "inference/search.py:beam_search": "steps of the search as helpers, keyword-only options",
     "model/attention.py:_combine_masks": "keyword-only masks",

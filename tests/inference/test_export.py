@@ -7,9 +7,12 @@ The trained model is a tiny copy model trained here for a few seconds, once per 
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,7 @@ from transformer_mt.inference.export_hf import (
 )
 from transformer_mt.inference.export_weights import feature_permutation
 from transformer_mt.inference.search import beam_search, greedy_search
+from transformer_mt.inference.translate import Translator
 from transformer_mt.model.embedding import SinusoidalPositionalEncoding
 from transformer_mt.model.transformer import ModelConfig, Transformer
 
@@ -306,6 +310,75 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+# ----------------------------------------------------------------------------- as a user finds it
+
+
+@pytest.fixture(scope="module")
+def beam_export(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The copy model stored with beam 5 at length penalty 0, exported: (checkpoint, dir).
+
+    The output cap is CAP for every sentence, which all outputs end before (see above): at the
+    cap itself the conventions differ (ours keeps log p(eos), generate forces it).
+    """
+    checkpoint = load_checkpoint(ckpt)
+    checkpoint[CHECKPOINT_KEY]["decoding"] = {
+        "beam_size": 5,
+        "length_penalty": 0.0,
+        "max_len_a": 0.0,
+        "max_len_b": CAP,
+    }
+    checkpoint[CHECKPOINT_KEY]["data"] = {"name": "numbers_en_de", "max_len": 20}
+    checkpoint["callbacks"] = {
+        "ModelCheckpoint{'monitor': 'val/bleu'}": {"monitor": "val/bleu", "current_score": 12.5}
+    }
+    where = tmp_path_factory.mktemp("beam")
+    beam_ckpt = save_checkpoint(checkpoint, where / "beam.ckpt")
+    return beam_ckpt, export_huggingface(beam_ckpt, where / "hf")
+
+
+def test_the_cards_snippet_translates_as_we_do(beam_export, capsys) -> None:
+    """The card's code, run as printed on the installed transformers: our stored decoding."""
+    beam_ckpt, hf = beam_export
+    card = (hf / "README.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", card, flags=re.S)
+    texts = sources(6)
+    code = code.replace('"path/to/this/directory"', repr(str(hf)))
+    code = code.replace('["A man in an orange hat."]', repr(texts))
+    capsys.readouterr()
+    exec(compile(code, "README.md", "exec"), {})
+    printed = ast.literal_eval(capsys.readouterr().out.strip())
+    assert printed == Translator(load_model(beam_ckpt)).translate(texts)
+    assert "num_beams=5, early_stopping=True, length_penalty=0.0" in code
+
+
+def test_card_names_the_licence_and_the_recorded_validation_bleu(beam_export) -> None:
+    card = (beam_export[1] / "README.md").read_text()
+    assert "license: mit" in card and "## Licence" in card
+    assert "| bleu (validation, during training) | 12.50 |" in card
+    assert "https://github.com/)" not in card  # no placeholder link
+    assert "pipeline(" not in card  # transformers 5 has no translation pipeline
+
+
+def test_tokenizer_cuts_sources_where_our_translator_does(beam_export) -> None:
+    beam_ckpt, hf = beam_export
+    tokenizer = transformers.AutoTokenizer.from_pretrained(hf)
+    translator = Translator(load_model(beam_ckpt))
+    assert translator.limit == 20  # the stored data.max_len
+    assert tokenizer.model_max_length == translator.limit + 1  # + <eos>
+    long = " ".join(sources(12))
+    ids = tokenizer([long], truncation=True)["input_ids"][0]
+    (ours,) = translator.encode([long], where="test")
+    assert ids == [*ours, 2]
+
+
+def test_exported_files_are_readable_by_everyone(beam_export) -> None:
+    umask = _umask()
+    files = [p for p in beam_export[1].rglob("*") if p.is_file()]
+    assert any(p.name == "model.safetensors" for p in files)
+    for path in files:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path
 
 
 def test_pipeline_translates(hf_dir: Path) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_checkpoint, load_model
 from transformer_mt.files import check_output_parent, check_outputs_apart, write_text_atomic
-from transformer_mt.inference.export_card import model_card
+from transformer_mt.inference.export_card import ctranslate2_card, model_card
 from transformer_mt.inference.export_hf import ExportError, _require, check_logits, to_huggingface
 
 log = logging.getLogger(__name__)
@@ -117,9 +117,13 @@ def export_ctranslate2(
     ):
         converter = converters.TransformersConverter(str(hf_dir))
         converter.convert(str(tmp), quantization=quantization, force=True)
-        for name in ("generation_config.json", "README.md"):  # the marker is written after
-            if (hf_dir / name).is_file():
-                shutil.copy2(hf_dir / name, tmp / name)
+        if (hf_dir / "generation_config.json").is_file():
+            shutil.copy2(hf_dir / "generation_config.json", tmp / "generation_config.json")
+        if (hf_dir / "README.md").is_file():
+            card = ctranslate2_card(
+                (hf_dir / "README.md").read_text(encoding="utf-8"), quantization
+            )
+            write_text_atomic(tmp / "README.md", card)
         if (hf_dir / "transformer_mt").is_dir():
             shutil.copytree(hf_dir / "transformer_mt", tmp / "transformer_mt")
     log.info("wrote %s (CTranslate2, %s)", out_dir, quantization or "float32")
@@ -154,6 +158,7 @@ def _staging(out_dir: Path, fmt: str) -> Iterator[Path]:
     try:
         yield tmp
         write_text_atomic(tmp / MARKER, json.dumps({"format": fmt}) + "\n")
+        _readable_by_all(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -174,6 +179,19 @@ def _fresh_sibling(out_dir: Path, suffix: str) -> Path:
     os.umask(umask)
     path.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the export private
     return path
+
+
+def _readable_by_all(directory: Path) -> None:
+    """Give every file the mode a plain ``open()`` would (0644 under umask 022).
+
+    Some writers (safetensors, temporary files renamed into place) create files readable by
+    the owner only; an exported model is meant to be shared.
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for path in directory.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def _portable_tokenizer_class(path: Path) -> None:

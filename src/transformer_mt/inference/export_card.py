@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
 from typing import Any
 
 from transformer_mt.checkpoint import LoadedModel
@@ -14,6 +16,35 @@ def _training_time(checkpoint: dict[str, Any]) -> str | None:
             elapsed = (state.get("time_elapsed") or {}).get("train")
             if elapsed:
                 return f"{float(elapsed) / 60:.1f} min"
+    return None
+
+
+def _project() -> tuple[str, str | None]:
+    """``("transformer-mt X.Y", url)`` from the installed package's metadata (url may be None)."""
+    try:
+        meta = importlib.metadata.metadata("transformer-mt")
+    except importlib.metadata.PackageNotFoundError:
+        return "transformer-mt", None
+    urls = [u.split(",", 1)[-1].strip() for u in meta.get_all("Project-URL") or []]
+    url = meta.get("Home-page") or (urls[0] if urls else None)
+    return f"transformer-mt {meta.get('Version')}", url
+
+
+def _licence() -> str:
+    try:
+        text = importlib.metadata.metadata("transformer-mt").get("License-Expression")
+    except importlib.metadata.PackageNotFoundError:
+        text = None
+    return str(text or "MIT")
+
+
+def _val_bleu(checkpoint: dict[str, Any]) -> float | None:
+    """The val/bleu ModelCheckpoint recorded for this checkpoint (decoded as stored)."""
+    for key, state in (checkpoint.get("callbacks") or {}).items():
+        if not str(key).startswith("ModelCheckpoint") or not isinstance(state, dict):
+            continue
+        if state.get("monitor") == "val/bleu" and state.get("current_score") is not None:
+            return float(state["current_score"])
     return None
 
 
@@ -31,9 +62,12 @@ def model_card(
     dataset = data.get("name") or data.get("source") or data.get("dataset") or "unknown"
     search = _search_config(loaded.decoding)
     n_params = sum(p.numel() for p in hf_model.parameters())
+    project, url = _project()
+    licence = _licence()
     lines = [
         "---",
         f"language: [{src}, {tgt}]",
+        f"license: {licence.lower()}",
         "library_name: transformers",
         "pipeline_tag: translation",
         "tags: [translation, transformer-mt]",
@@ -42,9 +76,9 @@ def model_card(
         f"# transformer-mt {src}->{tgt}",
         "",
         "A Transformer (Vaswani et al., 2017) trained from scratch with "
-        "[transformer-mt](https://github.com/) and exported as "
-        f"`{type(hf_model).__name__}` (exactly the same function: logits match the original "
-        f"to {logits_diff:.1e}).",
+        + (f"[{project}]({url})" if url else project)
+        + f" and {CLASS_MARK}`{type(hf_model).__name__}` (exactly the same function: logits "
+        f"match the original to {logits_diff:.1e}).",
         "",
         "| | |",
         "|---|---|",
@@ -58,30 +92,112 @@ def model_card(
         f"| training | step {checkpoint.get('global_step')}, epoch {checkpoint.get('epoch')}"
         + (f", {t}" if (t := _training_time(checkpoint)) else "")
         + " |",
-        f"| decoding | beam {search.beam_size}, length penalty {search.length_penalty} |",
+        f"| decoding | {_decoding(search)} |",
     ]
-    if results:
-        metrics = results.get("metrics") or {}
-        signature = results.get("signature") or {}
-        split = (results.get("data") or {}).get("split", "test")
-        for name in ("bleu", "chrf"):
-            if name in metrics:
-                sig = signature.get(name, "")
-                lines.append(f"| {name} ({split}) | {metrics[name]:.2f} `{sig}` |")
-    lines += [
+    if (val := _val_bleu(checkpoint)) is not None:
+        lines.append(f"| bleu (validation, during training) | {val:.2f} |")
+    lines += _result_rows(results)
+    lines += ["", USE_MARK, "", *huggingface_usage(search), *_licence_lines(licence, dataset)]
+    return "\n".join(lines)
+
+
+#: Where the HF and CTranslate2 cards differ: the class sentence and the usage section.
+CLASS_MARK = "exported as "
+USE_MARK = "## Use"
+
+
+def _decoding(search: Any) -> str:
+    if search.beam_size == 1:
+        return f"greedy, output cap {search.max_len_a} x source tokens + {search.max_len_b}"
+    return (
+        f"beam {search.beam_size}, length penalty {search.length_penalty}, output cap "
+        f"{search.max_len_a} x source tokens + {search.max_len_b}"
+    )
+
+
+def _result_rows(results: dict[str, Any] | None) -> list[str]:
+    if not results:
+        return []
+    metrics = results.get("metrics") or {}
+    signature = results.get("signature") or {}
+    split = (results.get("data") or {}).get("split", "test")
+    return [
+        f"| {name} ({split}) | {metrics[name]:.2f} `{signature.get(name, '')}` |"
+        for name in ("bleu", "chrf")
+        if name in metrics
+    ]
+
+
+def _licence_lines(licence: str, dataset: str) -> list[str]:
+    return [
+        "## Licence",
         "",
-        "## Use",
+        f"{licence}, as transformer-mt; the terms of the training data ({dataset}) apply as well.",
         "",
+    ]
+
+
+def huggingface_usage(search: Any) -> list[str]:
+    """The card's usage section for ``transformers``: tokenizer, length cap, ``generate``."""
+    beam = (
+        f"num_beams={search.beam_size}, early_stopping=True, length_penalty={search.length_penalty}"
+        if search.beam_size > 1
+        else "num_beams=1"
+    )
+    return [
         "```python",
-        "from transformers import pipeline",
-        'translate = pipeline("translation", model="PATH")',
-        'print(translate("A man in an orange hat.")[0]["translation_text"])',
+        "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
+        "",
+        'MODEL = "path/to/this/directory"',
+        "tokenizer = AutoTokenizer.from_pretrained(MODEL)",
+        "model = AutoModelForSeq2SeqLM.from_pretrained(MODEL)",
+        'sources = ["A man in an orange hat."]',
+        'batch = tokenizer(sources, return_tensors="pt", padding=True, truncation=True)',
+        "# transformer-mt's output cap: max_len_a * source tokens + max_len_b",
+        f'cap = int({search.max_len_a} * int(batch["attention_mask"].sum(1).max()) + '
+        f"{search.max_len_b})",
+        f"out = model.generate(**batch, max_new_tokens=cap, {beam})",
+        "print(tokenizer.batch_decode(out, skip_special_tokens=True))",
         "```",
         "",
-        "The decoder starts from `<bos>` (`decoder_start_token_id`); the tokenizer appends "
-        "`<eos>` to each source. `generate` divides beam scores by `length ** length_penalty`, "
-        "transformer-mt by GNMT's `((5 + length) / 6) ** alpha`: with a length penalty other "
-        "than 0, beam outputs may differ slightly from transformer-mt's own decoding.",
+        "`generation_config.json` holds the decoding transformer-mt stored with the model, "
+        "so `generate` without options decodes as transformer-mt does, except for the "
+        "per-sentence length cap, which `generate` has no setting for (hence `max_new_tokens` "
+        "above, exact for one sentence, the longest source's cap for a batch). For beam "
+        "search pass `num_beams=K, early_stopping=True` (transformer-mt stops when K "
+        "hypotheses have ended). Length penalties differ in form: `generate` divides by "
+        "`length ** length_penalty`, transformer-mt by GNMT's `((5 + length) / 6) ** alpha`; "
+        "at 0 both rank by log-probability, otherwise beam outputs may differ slightly. "
+        "`truncation=True` cuts sources at the tokenizer's `model_max_length`, where "
+        "transformer-mt's translator cuts them.",
         "",
     ]
-    return "\n".join(lines)
+
+
+def ctranslate2_card(hf_card: str, quantization: str | None) -> str:
+    """The Hugging Face card with the CTranslate2 class sentence and usage section."""
+    head = hf_card.split(USE_MARK, 1)[0].replace(
+        "library_name: transformers", "library_name: ctranslate2"
+    )
+    head = re.sub(
+        rf"{CLASS_MARK}`(\w+)`",
+        rf"converted to CTranslate2 ({quantization or 'float32'}) from `\1`",
+        head,
+    )
+    tail = hf_card.split("## Licence", 1)[-1]
+    usage = [
+        USE_MARK,
+        "",
+        "```python",
+        "from transformer_mt.inference.export_ctranslate2 import CTranslate2Translator",
+        "",
+        'translator = CTranslate2Translator("path/to/this/directory")',
+        'print(translator.translate(["A man in an orange hat."]))',
+        "```",
+        "",
+        "`transformer_mt/` holds the tokenizer; `CTranslate2Translator` applies it, the stored "
+        "decoding and transformer-mt's per-sentence length cap.",
+        "",
+        "## Licence",
+    ]
+    return head + "\n".join(usage) + tail

@@ -31,12 +31,17 @@ import torch
 
 from transformer_mt.checkpoint import LoadedModel
 from transformer_mt.cli import UserError
+from transformer_mt.data.collate import source_limit
 from transformer_mt.data.tokenizer import BOS, EOS, PAD, UNK
 from transformer_mt.inference.export_weights import convert_state_dict, feature_permutation
 from transformer_mt.inference.search import SearchConfig
+from transformer_mt.inference.translate import stored_data_config
 from transformer_mt.model.transformer import ModelConfig
 
-EXTRA_HINT = "install the export extra: pip install 'transformer-mt[export]'"
+EXTRA_HINT = (
+    "install the export extra: pip install '.[export]' in a clone of transformer-mt, or "
+    "pip install 'dist/transformer_mt-<version>-py3-none-any.whl[export]' for a wheel"
+)
 #: Exported logits may differ from ours by float rounding only (positions are recomputed).
 LOGITS_TOLERANCE = 1e-4
 
@@ -212,9 +217,16 @@ def hf_tokenizer(loaded: LoadedModel) -> Any:
         bos_token=BOS,
         eos_token=EOS,
         unk_token=UNK,
-        model_max_length=loaded.config.max_len - 1,  # room for the appended <eos>
+        model_max_length=source_tokens(loaded),
         padding_side="right",
     )
+
+
+def source_tokens(loaded: LoadedModel) -> int:
+    """Source tokens ``<eos>`` included that our translator keeps: the tokenizer's limit."""
+    data = stored_data_config(loaded)
+    limit = source_limit(None if data is None else data.max_len, loaded.config.max_len)
+    return (limit if limit is not None else loaded.config.max_len - 1) + 1
 
 
 @torch.no_grad()
