@@ -111,44 +111,51 @@ def _saved_bytes(module: nn.Module, x: Tensor) -> int:
     return saved.bytes
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Time and memory of the three attention implementations over sequence lengths."""
-    modules = _attention_contenders(args.d_model, args.n_heads)
-    rows: list[dict[str, Any]] = []
-    for length in args.lengths:
-        batch = max(1, args.tokens // length)
-        x = torch.randn(batch, length, args.d_model, requires_grad=True)
-        grad = torch.randn(batch, length, args.d_model)
-        steps = {name: _attention_step(m, x, grad) for name, m in modules.items()}
-        times = interleaved_times(steps, repeats=args.repeats, warmup=1)
-        row: dict[str, Any] = {"length": length, "batch": batch}
-        for name, m in modules.items():
-            row[name] = {
-                "median_ms": 1e3 * median(times[name]),
-                "min_ms": 1e3 * min(times[name]),
-                "times_s": times[name],
-                "saved_bytes": _saved_bytes(m, x),
-            }
-        ref = row["nn.MultiheadAttention"]["median_ms"]
-        row["fused_vs_torch_time"] = row["ours_fused"]["median_ms"] / ref
-        row["explicit_vs_torch_time"] = row["ours_explicit"]["median_ms"] / ref
-        rows.append(row)
+def _length_row(modules: dict[str, nn.Module], length: int, args: argparse.Namespace) -> dict:
+    """Times and saved bytes of every implementation at one sequence length."""
+    batch = max(1, args.tokens // length)
+    x = torch.randn(batch, length, args.d_model, requires_grad=True)
+    grad = torch.randn(batch, length, args.d_model)
+    steps = {name: _attention_step(m, x, grad) for name, m in modules.items()}
+    times = interleaved_times(steps, repeats=args.repeats, warmup=1)
+    row: dict[str, Any] = {"length": length, "batch": batch}
+    for name, m in modules.items():
+        row[name] = {
+            "median_ms": 1e3 * median(times[name]),
+            "min_ms": 1e3 * min(times[name]),
+            "times_s": times[name],
+            "saved_bytes": _saved_bytes(m, x),
+        }
+    ref = row["nn.MultiheadAttention"]["median_ms"]
+    row["fused_vs_torch_time"] = row["ours_fused"]["median_ms"] / ref
+    row["explicit_vs_torch_time"] = row["ours_explicit"]["median_ms"] / ref
+    return row
 
-    # The typical MT shape (batch 64, length 32) on its own, with more repeats.
+
+def _typical(modules: dict[str, nn.Module], args: argparse.Namespace) -> dict[str, Any]:
+    """The typical MT shape (batch 64, length 32) on its own, with more repeats."""
     t_len, t_batch = args.typical
     x = torch.randn(t_batch, t_len, args.d_model, requires_grad=True)
     grad = torch.randn(t_batch, t_len, args.d_model)
     steps = {name: _attention_step(m, x, grad) for name, m in modules.items()}
     typical_times = interleaved_times(steps, repeats=args.typical_repeats, warmup=2)
     typical = {name: 1e3 * median(t) for name, t in typical_times.items()}
-    typical_ratio = typical["ours_fused"] / typical["nn.MultiheadAttention"]
+    return {
+        "length": t_len,
+        "batch": t_batch,
+        "repeats": args.typical_repeats,
+        "median_ms": typical,
+        "times_s": typical_times,
+        "fused_vs_torch_time": typical["ours_fused"] / typical["nn.MultiheadAttention"],
+    }
 
-    growth = _memory_growth(rows)
-    goals = [
+
+def _goals(typical: dict[str, Any], growth: dict[str, Any], args: argparse.Namespace) -> list:
+    return [
         goal(
-            f"fused time <= 0.9x nn.MultiheadAttention at B={t_batch}, L={t_len}, "
-            f"d_model={args.d_model}, H={args.n_heads}",
-            typical_ratio,
+            f"fused time <= 0.9x nn.MultiheadAttention at B={typical['batch']}, "
+            f"L={typical['length']}, d_model={args.d_model}, H={args.n_heads}",
+            typical["fused_vs_torch_time"],
             0.9,
             higher_is_better=False,
         ),
@@ -164,6 +171,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             1.5,
         ),
     ]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Time and memory of the three attention implementations over sequence lengths."""
+    modules = _attention_contenders(args.d_model, args.n_heads)
+    rows = [_length_row(modules, length, args) for length in args.lengths]
+    typical = _typical(modules, args)
+    growth = _memory_growth(rows)
     result = {
         "benchmark": "attention",
         "settings": {
@@ -182,16 +197,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "quick": args.quick,
         },
         "rows": rows,
-        "typical": {
-            "length": t_len,
-            "batch": t_batch,
-            "repeats": args.typical_repeats,
-            "median_ms": typical,
-            "times_s": typical_times,
-            "fused_vs_torch_time": typical_ratio,
-        },
+        "typical": typical,
         "memory_growth": growth,
-        "goals": goals,
+        "goals": _goals(typical, growth, args),
         "environment": environment(),
     }
     if args.plot:

@@ -102,29 +102,46 @@ def _marian(config: ModelConfig) -> nn.Module | None:
     return MarianMTModel(hf_config).eval()
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Sentences/s of greedy and beam search, cached and uncached, vs Marian ``generate``."""
-    config = model_config(
-        args,
-        max_len=max(256, args.new_tokens + 2, args.src_len),
-    )
-    model = Transformer(config).eval()
-    model.generator.register_forward_hook(_suppress_eos_hook)
-    marian = _marian(config)
-    gen = torch.Generator().manual_seed(0)
-    src, _, _ = synthetic_batch(args.batch, args.src_len, args.src_len // 2, args.vocab, gen)
-    n_new = args.new_tokens
-    # max_len_a=0, max_len_b=n: every sentence is capped at exactly n tokens (eos at the cap)
-    # and, with eos suppressed before it, runs all n decoder steps.
-    common = {"bos_id": BOS, "eos_id": EOS, "max_len_a": 0.0, "max_len_b": n_new}
+class _Contenders:
+    """Our searches (cached and uncached) and Marian ``generate`` on one random source batch.
 
-    def ours(beam: int, cache: bool, rows: Tensor) -> Callable[[], Tensor]:
+    ``calls`` maps a contender to one decoding call, ``batch_of`` to its number of sentences.
+    Recomputing the prefix costs O(n^2) decoder positions: the cache comparison runs on the
+    first ``uncached_batch`` sentences, cached and uncached alike.
+    """
+
+    def __init__(self, args: argparse.Namespace, model: nn.Module, marian: nn.Module | None):
+        gen = torch.Generator().manual_seed(0)
+        self.src, _, _ = synthetic_batch(
+            args.batch, args.src_len, args.src_len // 2, args.vocab, gen
+        )
+        self.small = self.src[: args.uncached_batch]
+        self.model, self.marian, self.n_new = model, marian, args.new_tokens
+        self.calls: dict[str, Callable[[], Tensor]] = {}
+        self.batch_of: dict[str, int] = {}
+        for beam in args.beams:
+            self._add(f"ours_cached_k{beam}", self.ours(beam, True, self.src), self.src)
+            if marian is not None:
+                self._add(f"hf_marian_k{beam}", self.hf(beam), self.src)
+            for cache in (True, False):
+                name = f"ours_{'cached' if cache else 'uncached'}_k{beam}_b{self.small.size(0)}"
+                self._add(name, self.ours(beam, cache, self.small), self.small)
+
+    def _add(self, name: str, call: Callable[[], Tensor], rows: Tensor) -> None:
+        self.calls[name], self.batch_of[name] = call, rows.size(0)
+
+    def ours(self, beam: int, cache: bool, rows: Tensor) -> Callable[[], Tensor]:
+        # max_len_a=0, max_len_b=n: every sentence is capped at exactly n tokens (eos at the
+        # cap) and, with eos suppressed before it, runs all n decoder steps.
+        common = {"bos_id": BOS, "eos_id": EOS, "max_len_a": 0.0, "max_len_b": self.n_new}
+        model = self.model
         if beam == 1:
             return lambda: greedy_search(model, rows, use_cache=cache, **common)
         return lambda: beam_search(model, rows, beam_size=beam, use_cache=cache, **common)[0]
 
-    def hf(beam: int) -> Callable[[], Tensor]:
-        assert marian is not None
+    def hf(self, beam: int) -> Callable[[], Tensor]:
+        assert self.marian is not None
+        marian, src, n_new = self.marian, self.src, self.n_new
         attention_mask = (src != PAD).long()
 
         def call() -> Tensor:
@@ -140,22 +157,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         return call
 
-    # Recomputing the prefix costs O(n^2) decoder positions: the cache comparison runs on the
-    # first `uncached_batch` sentences, cached and uncached alike.
-    small = src[: args.uncached_batch]
-    contenders: dict[str, Callable[[], Tensor]] = {}
-    batch_of: dict[str, int] = {}
-    for beam in args.beams:
-        contenders[f"ours_cached_k{beam}"] = ours(beam, True, src)
-        batch_of[f"ours_cached_k{beam}"] = src.size(0)
-        if marian is not None:
-            contenders[f"hf_marian_k{beam}"] = hf(beam)
-            batch_of[f"hf_marian_k{beam}"] = src.size(0)
-        for cache in (True, False):
-            name = f"ours_{'cached' if cache else 'uncached'}_k{beam}_b{small.size(0)}"
-            contenders[name] = ours(beam, cache, small)
-            batch_of[name] = small.size(0)
 
+def _time(c: _Contenders, args: argparse.Namespace) -> dict[str, Any]:
+    """Rows: each contender's times, medians, sentences/s and output length."""
     lengths: dict[str, int] = {}
 
     def recording(name: str, fn: Callable[[], Tensor]) -> Callable[[], None]:
@@ -165,26 +169,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         return call
 
-    timed = {name: recording(name, fn) for name, fn in contenders.items()}
+    timed = {name: recording(name, fn) for name, fn in c.calls.items()}
     for name, fn in timed.items():  # warm-up, except the slow uncached runs
         if "uncached" not in name:
             fn()
-    repeats_per = {n: args.uncached_repeats for n in contenders if "uncached" in n}
+    repeats_per = {n: args.uncached_repeats for n in c.calls if "uncached" in n}
     times = interleaved_times(timed, args.repeats, warmup=0, repeats_per=repeats_per)
-
-    rows: dict[str, Any] = {}
-    for name, t in times.items():
-        rows[name] = {
-            "batch": batch_of[name],
+    return {
+        name: {
+            "batch": c.batch_of[name],
             "median_s": median(t),
             "min_s": min(t),
             "times_s": t,
-            "sentences_per_s": batch_of[name] / median(t),
+            "sentences_per_s": c.batch_of[name] / median(t),
             "output_length": lengths[name],
         }
+        for name, t in times.items()
+    }
+
+
+def _goals(rows: dict[str, Any], beams: list[int], *, b_small: int, n_new: int, hf: bool) -> list:
+    """Cached >= 3x uncached, and ours >= 2x Marian ``generate``, per beam size."""
     goals = []
-    b_small = small.size(0)
-    for beam in args.beams:
+    for beam in beams:
         cached = rows[f"ours_cached_k{beam}"]["sentences_per_s"]
         goals.append(
             goal(
@@ -194,7 +201,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 3.0,
             )
         )
-        if marian is not None:
+        if hf:
             goals.append(
                 goal(
                     f"beam {beam}: ours (cached) >= 2x HF MarianMTModel.generate",
@@ -202,42 +209,62 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     2.0,
                 )
             )
+    return goals
+
+
+def _settings(args: argparse.Namespace, c: _Contenders) -> dict[str, Any]:
+    n_new, marian = args.new_tokens, c.marian
+    settings = {
+        "model": c.model.config.to_dict(),
+        "parameters_ours": parameter_count(c.model),
+        "parameters_hf": parameter_count(marian) if marian is not None else None,
+        "batch": args.batch,
+        "uncached_batch": c.small.size(0),
+        "source_length_padded": args.src_len,
+        "new_tokens": n_new,
+        "beams": args.beams,
+        "repeats": args.repeats,
+        "uncached_repeats": args.uncached_repeats,
+        "forcing": (
+            "ours: eos logit set to -1e4 by a forward hook on the generator, "
+            f"max_len_a=0, max_len_b={n_new} (eos forced at step {n_new}); "
+            f"HF: min_new_tokens=max_new_tokens={n_new}, forced_eos_token_id=eos"
+        ),
+        "mode": "eval, torch.no_grad, fp32, random weights",
+        "quick": args.quick,
+    }
+    if marian is not None:
+        import transformers
+
+        settings["transformers"] = transformers.__version__
+        settings["hf_attn_implementation"] = marian.config._attn_implementation
+    return settings
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Sentences/s of greedy and beam search, cached and uncached, vs Marian ``generate``."""
+    config = model_config(args, max_len=max(256, args.new_tokens + 2, args.src_len))
+    model = Transformer(config).eval()
+    model.generator.register_forward_hook(_suppress_eos_hook)
+    marian = _marian(config)
+    c = _Contenders(args, model, marian)
+    rows = _time(c, args)
+    goals = _goals(
+        rows, args.beams, b_small=c.small.size(0), n_new=args.new_tokens, hf=marian is not None
+    )
     result: dict[str, Any] = {
         "benchmark": "decode",
-        "settings": {
-            "model": config.to_dict(),
-            "parameters_ours": parameter_count(model),
-            "parameters_hf": parameter_count(marian) if marian is not None else None,
-            "batch": args.batch,
-            "uncached_batch": b_small,
-            "source_length_padded": args.src_len,
-            "new_tokens": n_new,
-            "beams": args.beams,
-            "repeats": args.repeats,
-            "uncached_repeats": args.uncached_repeats,
-            "forcing": (
-                "ours: eos logit set to -1e4 by a forward hook on the generator, "
-                f"max_len_a=0, max_len_b={n_new} (eos forced at step {n_new}); "
-                f"HF: min_new_tokens=max_new_tokens={n_new}, forced_eos_token_id=eos"
-            ),
-            "mode": "eval, torch.no_grad, fp32, random weights",
-            "quick": args.quick,
-        },
+        "settings": _settings(args, c),
         "hf_available": marian is not None,
         "hf_note": None if marian is not None else "transformers is not installed: skipped",
         "rows": rows,
         "goals": goals,
         "environment": environment(),
     }
-    if marian is not None:
-        import transformers
-
-        result["settings"]["transformers"] = transformers.__version__
-        result["settings"]["hf_attn_implementation"] = marian.config._attn_implementation
     if args.profile:
         result["profile"] = {
-            name: top_ops(contenders[name], calls=1)
-            for name in contenders
+            name: top_ops(c.calls[name], calls=1)
+            for name in c.calls
             if name.startswith(("ours_cached", "hf_")) and "_b" not in name
         }
     return result
