@@ -16,10 +16,12 @@ same steps (the median pruner compares equal steps only).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import lightning.pytorch as pl
@@ -92,6 +94,39 @@ def rerun_as_one_job() -> None:
 
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         sys.argv = [sys.argv[0], *HydraConfig.get().overrides.task, "hydra.mode=RUN"]
+
+
+#: What Lightning's DDP launcher sets in its own process to start the other ranks.
+DDP_ENVIRONMENT = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@contextlib.contextmanager
+def one_trial_per_process_group() -> Iterator[None]:
+    """Around each job of a sweep: the next trial starts its DDP ranks afresh.
+
+    Lightning's launcher leaves ``LOCAL_RANK`` and friends in the environment and the process
+    group open; the next trial in the same process would then take its ranks as started from
+    outside and wait for ranks that exited with the previous trial.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        yield
+        return
+    saved = {name: os.environ.get(name) for name in DDP_ENVIRONMENT}
+    try:
+        yield
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def budget_percent(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:

@@ -32,7 +32,12 @@ from transformer_mt.training.checks import (
 from transformer_mt.training.finetune import FreezeParts, check_parts, finetune_start
 from transformer_mt.training.module import TranslationModule
 from transformer_mt.training.precision import resolve_precision
-from transformer_mt.training.pruning import TrialPruning, rerun_as_one_job, trial_from_hydra
+from transformer_mt.training.pruning import (
+    TrialPruning,
+    one_trial_per_process_group,
+    rerun_as_one_job,
+    trial_from_hydra,
+)
 from transformer_mt.training.rundir import (
     check_output_dir,
     lock_run_dir,
@@ -266,7 +271,8 @@ def run(cfg: DictConfig) -> float | None:
     # One run per directory; a no-op when train.py's RunDirGuard already holds it.
     locked_here = lock_run_dir(run_dir)
     try:
-        return _run(cfg)
+        with one_trial_per_process_group():
+            return _run(cfg)
     finally:
         if locked_here:
             release_run_dir(run_dir)

@@ -54,6 +54,10 @@ def check_writable(directory: Path) -> None:
         ) from None
 
 
+class TrialsKeepFailing(RuntimeError):
+    """Trial after trial fails: the setup is broken, and more trials would fail the same way."""
+
+
 class StudyWorker:
     """The search loop of one worker; everything is checked in ``__init__``."""
 
@@ -106,8 +110,19 @@ class StudyWorker:
             self.sweep_dir,
         )
         returns: list[JobReturn] = []
+        limit, failures = int(self.settings.get("max_failures_in_a_row") or 0), 0
         while (trial := self._next_trial()) is not None:
             returns.append(self._run_trial(trial))
+            failed = returns[-1].status == JobStatus.FAILED
+            failures = failures + 1 if failed else 0
+            if limit and failures >= limit:
+                self._finish()
+                raise TrialsKeepFailing(
+                    f"{failures} trials in a row failed, the last with: "
+                    f"{' '.join(str(returns[-1]._return_value).split())[:300]}; the worker "
+                    f"stops (hydra.sweeper.max_failures_in_a_row={limit}); see "
+                    f"{self.sweep_dir / 'summary.md'}"
+                )
         returns += self._confirm()
         self._finish()
         return returns

@@ -83,6 +83,8 @@ class OptunaStudySweeperConf:
     # long is failed by the next worker that asks, and run again up to max_retry times.
     heartbeat_interval: int = 30
     max_retry: int = 0
+    # A worker stops after this many failed trials in a row (a broken setup, not a bad draw).
+    max_failures_in_a_row: int = 5
     confirm: ConfirmConf = field(default_factory=ConfirmConf)
     plots: bool = True
     # Set by the sweeper for each of its jobs: the storage id of the trial the job reports to.
@@ -99,13 +101,20 @@ ConfigStore.instance().store(
 
 def sweep(settings: DictConfig, config: DictConfig, launcher: Any, arguments: list[str]) -> Any:
     """Run one worker of the study; bad input exits with one ``error:`` line before any trial."""
-    from transformer_mt.cli import EXIT_USER_ERROR, UserError
-    from transformer_mt.training.study_run import StudyWorker
+    from transformer_mt.cli import EXIT_RUNTIME_ERROR, EXIT_USER_ERROR, UserError
+    from transformer_mt.training.study_run import StudyWorker, TrialsKeepFailing
 
     try:
         worker = StudyWorker(settings, config, launcher, arguments)
     except UserError as err:
-        sys.stdout.flush()
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USER_ERROR)
-    return worker.run()
+        _exit(err, EXIT_USER_ERROR)
+    try:
+        return worker.run()
+    except TrialsKeepFailing as err:
+        _exit(err, EXIT_RUNTIME_ERROR)
+
+
+def _exit(err: Exception, code: int) -> None:
+    sys.stdout.flush()
+    print(f"error: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
+    sys.exit(code)
