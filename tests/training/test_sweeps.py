@@ -228,6 +228,22 @@ def test_bad_sweep_input_is_one_error_line_before_any_trial(
     assert not list(sweep_dir.glob("*/sweep_result.json"))  # no trial ran
 
 
+def test_a_worker_stops_when_trial_after_trial_fails(tmp_path: Path) -> None:
+    """Every draw is invalid (32 % 3 != 0): two failures in a row end the worker, exit 1."""
+    proc = run_sweep(
+        tmp_path,
+        *OPTUNA,
+        "hydra.sweeper.params=null",
+        "model.n_heads=choice(3,6)",
+        "hydra.sweeper.max_failures_in_a_row=2",
+    )
+    assert proc.returncode == 1, _explain(proc)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert errors[-1].startswith("error: 2 trials in a row failed, the last with: ")
+    assert "max_failures_in_a_row=2" in errors[-1]
+    assert [t.state.name for t in _study(tmp_path).trials] == ["FAIL", "FAIL"]
+
+
 def test_a_study_of_the_other_direction_or_an_unwritable_sweep_dir_is_refused(
     tmp_path: Path,
 ) -> None:
