@@ -312,6 +312,12 @@ class StopAtStepBoundary(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
     ) -> None:
+        if self.requested is not None:
+            # Lightning writes the step's logs after the hooks that follow this one; the stop
+            # skips them, so they are written first: the log then holds every trained step.
+            pl_module.on_train_batch_end(*args, **kwargs)
+            trainer._logger_connector.on_batch_end()
+            trainer._logger_connector.update_train_step_metrics()
         self._stop_if_requested()
 
     def on_validation_batch_end(
