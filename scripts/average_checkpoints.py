@@ -16,7 +16,7 @@ import logging
 import sys
 
 from transformer_mt.checkpoint import CheckpointError, save_checkpoint
-from transformer_mt.cli import EXIT_USER_ERROR, one_line
+from transformer_mt.errors import EXIT_USER_ERROR, one_line
 from transformer_mt.files import check_outputs_apart
 from transformer_mt.inference.averaging import average_checkpoints, select_checkpoints
 

@@ -41,7 +41,7 @@ from bench.common import (
     setup_torch,
     write_json,
 )
-from transformer_mt.cli import guarded
+from transformer_mt.errors import guarded
 
 
 def discover() -> dict[str, ModuleType]:

@@ -30,7 +30,8 @@ from hydra import compose, initialize_config_dir
 
 from bench.common import cpu_model
 from transformer_mt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from transformer_mt.cli import EXIT_USER_ERROR, one_line
+from transformer_mt.commands import register_configs
+from transformer_mt.errors import EXIT_USER_ERROR, one_line
 from transformer_mt.inference.averaging import average_checkpoints, select_checkpoints
 from transformer_mt.inference.evaluate import run as evaluate
 
@@ -83,6 +84,7 @@ def score(ckpt: Path, split: str, out: Path, threads: int | None) -> dict[str, A
     overrides = [f"ckpt_path={ckpt}", f"split={split}", f"run_dir={out}", "progress=false"]
     if threads:
         overrides.append(f"threads={threads}")
+    register_configs()  # evaluate.yaml's data=stored, as the evaluate command registers it
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         return evaluate(compose("evaluate", overrides=overrides))
 

@@ -13,7 +13,7 @@ import logging
 import sys
 from pathlib import Path
 
-from transformer_mt.cli import EXIT_USER_ERROR, UserError
+from transformer_mt.errors import EXIT_USER_ERROR, UserError
 
 
 def main(argv: list[str] | None = None) -> int:

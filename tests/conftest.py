@@ -11,8 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_mt.cli import DEBUG_VARIABLES
+from transformer_mt.commands import register_configs
+from transformer_mt.errors import DEBUG_VARIABLES
 from transformer_mt.model.transformer import ModelConfig, Transformer
+
+# Every Hydra compose in the tests sees the configs that the commands register.
+register_configs()
 
 PAD, BOS, EOS = 0, 1, 2
 

@@ -84,6 +84,46 @@ def test_trainer_writes_the_format(ckpt: Path) -> None:
     assert written["format"] == expected["format"]
 
 
+def test_trainer_stores_each_config_once(ckpt: Path) -> None:
+    """Model config, decoding and data settings live in the transformer_mt entry only."""
+    checkpoint = load_checkpoint(ckpt)
+    assert "hyper_parameters" not in checkpoint
+    written = checkpoint[CHECKPOINT_KEY]
+    assert written["data"]["src_lang"] == written["src_lang"] == "en"
+    assert set(written["decoding"]) == {"beam_size", "length_penalty", "max_len_a", "max_len_b"}
+
+
+FIXTURE_V1 = Path(__file__).resolve().parent / "fixtures" / "format_v1" / "model.ckpt"
+
+#: What TranslationModule.save_hyperparameters added to every checkpoint before the module
+#: took typed configs: the model config a second time, and its constructor arguments.
+HYPER_PARAMETERS_OF_EARLIER_CODE = {
+    "warmup_steps": 400,
+    "label_smoothing": 0.1,
+    "lr_schedule": "inverse_sqrt",
+    "decoding": {"beam_size": 1, "length_penalty": 0.6, "max_len_a": 1.2, "max_len_b": 10},
+    "num_examples": 3,
+    "nonfinite_loss": "stop",
+    "src_lang": "en",
+    "tgt_lang": "de",
+}
+
+
+def test_checkpoint_with_earlier_hyper_parameters_loads_the_same_model(tmp_path: Path) -> None:
+    checkpoint = load_checkpoint(FIXTURE_V1)
+    earlier = dict(checkpoint)
+    earlier["hyper_parameters"] = {
+        "model_config": checkpoint[CHECKPOINT_KEY]["model_config"],
+        **HYPER_PARAMETERS_OF_EARLIER_CODE,
+    }
+    save_checkpoint(earlier, tmp_path / "earlier.ckpt")
+    fixture, loaded = load_model(FIXTURE_V1), load_model(tmp_path / "earlier.ckpt")
+    assert loaded.config == fixture.config and loaded.decoding == fixture.decoding
+    src = torch.tensor([[5, 6, 7, 2]])
+    tgt = torch.tensor([[1, 8, 9]])
+    assert torch.equal(loaded.model(src, tgt), fixture.model(src, tgt))
+
+
 def test_malicious_checkpoint_is_refused(ckpt: Path, tmp_path: Path, capsys) -> None:
     marker = tmp_path / "pwned"
     evil = tmp_path / "evil.ckpt"

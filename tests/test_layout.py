@@ -34,7 +34,6 @@ TO_SHORTEN: dict[str, str] = {
     "inference/search.py:greedy_search": "keyword-only options from SearchConfig",
     "inference/search.py:beam_search": "steps of the search as helpers, keyword-only options",
     "model/attention.py:_combine_masks": "keyword-only masks",
-    "training/module.py:__init__": "the module takes its config objects",
 }
 
 

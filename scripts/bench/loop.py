@@ -5,7 +5,7 @@ Three ways to train on the *same* batches, measured side by side in one process:
 bare            our ``Transformer``: forward, the project's label-smoothed loss, backward,
                 gradient clipping (1.0), fused AdamW step. Pre-collated batches, no Lightning.
 real            ``lightning.pytorch.Trainer`` through ``TranslationModule``, built by
-                ``training.run.build`` from the preset (callbacks, loggers, progress bar and
+                ``training.run.prepare_and_build`` from the preset (callbacks, loggers, progress bar and
                 ``log_every_n_steps`` as configured), reading batches through the real data
                 module (collate included); validation off.
 nn.Transformer  ``torch.nn.Transformer`` of the same size in the bare step (fp32 only), with
@@ -124,6 +124,8 @@ def compose_config(args: argparse.Namespace, run_dir: Path, precision: str) -> A
     """The training config the real loop runs: the preset, validation and tests off."""
     from hydra import compose, initialize_config_dir
 
+    from transformer_mt.commands import register_configs
+
     multi30k = args.data == "multi30k"
     overrides = (
         ["experiment=multi30k_de_en", "data.source=files", f"data.dir={args.data_dir}"]
@@ -149,6 +151,7 @@ def compose_config(args: argparse.Namespace, run_dir: Path, precision: str) -> A
     if args.quick:
         overrides += QUICK_MODEL + ([] if multi30k else QUICK_GENERATED)
     overrides += args.override
+    register_configs()  # train.yaml's schema, as the train command registers it
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         return compose("train", overrides=overrides)
 
@@ -259,11 +262,11 @@ def time_real(args: argparse.Namespace, precision: str, run_dir: Path) -> tuple[
     fit runs one more), so the data loader, logging and everything else Lightning does
     between two steps is inside it, and nothing done once at the end of a fit is.
     """
-    from transformer_mt.training.run import build
+    from transformer_mt.training.run import prepare_and_build
 
     cfg = compose_config(args, run_dir, precision)
     with _quiet():
-        datamodule, module, trainer = build(cfg)
+        datamodule, module, trainer = prepare_and_build(cfg)
     starts: list[float] = []
     tokens: list[int] = []
     trainer.callbacks.append(_batch_hooks(starts, tokens, module.config.pad_id))
@@ -315,13 +318,13 @@ class _Setup:
     """What every contender shares: the config, the batches and their token counts."""
 
     def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
-        from transformer_mt.training.run import build
+        from transformer_mt.training.run import prepare_and_build
 
         self.work = Path(tempfile.mkdtemp(prefix="bench_loop_"))
         # One run directory for every fit: the tokenizer is trained once and reused.
         self.cfg = compose_config(args, self.work / "run", "32-true")
         with _quiet():
-            datamodule, module, _ = build(self.cfg)
+            datamodule, module, _ = prepare_and_build(self.cfg)
         self.config = module.config
         self.pad_id = module.config.pad_id
         self.batches = first_batches(datamodule, args.steps, device)  # the real loop reads these

@@ -8,7 +8,7 @@ never half of one, whenever the process is killed or the disk fills up. On any f
 temporary file is removed and the target is left as it was.
 
 Checkpoints, averaged checkpoints, tokenizers and sweep results all go through here. This
-module sits at the bottom of the package (beside :mod:`transformer_mt.cli`): it imports
+module sits at the bottom of the package (beside :mod:`transformer_mt.errors`): it imports
 nothing of the project, so every wing may use it.
 """
 

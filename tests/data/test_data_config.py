@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from transformer_mt.data.config import DataConfig, stored_overrides
-from transformer_mt.inference.evaluate import resolve_data_config  # registers data=stored
+from transformer_mt.inference.evaluate import resolve_data_config
 
 from conftest import CONFIGS
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_mt.cli import EXIT_USER_ERROR, guarded
+from transformer_mt.errors import EXIT_USER_ERROR, guarded
 
 from conftest import ROOT
 

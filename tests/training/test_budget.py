@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from transformer_mt.training.budget import TrainingBudget
+from transformer_mt.training.budget import BudgetProgressBar, TrainingBudget, time_left
 from transformer_mt.training.run import run
 from transformer_mt.training.schedules import lr_factor
 
@@ -214,3 +214,22 @@ def test_a_budget_shorter_than_the_warmup_still_peaks_and_anneals(tmp_path: Path
     assert lrs[-1] < 0.05 * 1e-3
     assert all(a >= b for a, b in itertools.pairwise(lrs[peak:]))
     assert last["global_step"] < 1000
+
+
+def test_progress_bar_shows_the_time_left_and_no_fake_epoch_count() -> None:
+    budget = VirtualClockBudget(step_seconds=1.0)
+    assert time_left(budget) is None  # no trainer.max_time: nothing to count down
+    budget.seconds, budget.last_validation = 600.0, 30.0
+    budget._started, budget.clock = 0.0, 125.0
+    assert time_left(budget) == "7:25"  # 600 - 30 kept for the last validation - 125 used
+    budget.clock = 900.0
+    assert time_left(budget) == "0:00"
+
+    class Trainer:
+        max_epochs = -1  # what Lightning sets when only max_time bounds the run
+
+    bar = BudgetProgressBar()
+    bar._trainer = Trainer()
+    assert bar._get_train_description(20).strip() == "Epoch 20"
+    Trainer.max_epochs = 3
+    assert bar._get_train_description(1).strip() == "Epoch 1/2"

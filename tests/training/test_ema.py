@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.training.run import build, run
+from transformer_mt.training.run import prepare_and_build, run
 
 from conftest import FAST_TRAIN, best_checkpoint, compose_train
 
@@ -56,7 +56,8 @@ def test_checkpoints_hold_the_average_and_the_raw_weights(ema_run: Path) -> None
 
 def test_validation_and_test_score_the_average(ema_run: Path, tmp_path: Path) -> None:
     """What the run logged is what a fresh trainer measures on the checkpoints' state_dict."""
-    datamodule, module, trainer = build(compose_train(tmp_path, [*EMA_RUN, "callbacks.ema=null"]))
+    cfg = compose_train(tmp_path, [*EMA_RUN, "callbacks.ema=null"])
+    datamodule, module, trainer = prepare_and_build(cfg)
     last = ema_run / "checkpoints" / "last.ckpt"
     (val,) = trainer.validate(module, datamodule=datamodule, ckpt_path=last, verbose=False)
     assert val["val/loss"] == pytest.approx(last_logged(ema_run, "val/loss"), rel=1e-6)

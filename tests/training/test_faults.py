@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from transformer_mt.cli import (
+from transformer_mt.errors import (
     EXIT_INTERRUPTED,
     EXIT_RUNTIME_ERROR,
     EXIT_USER_ERROR,

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from transformer_mt.checkpoint import load_checkpoint, load_model
-from transformer_mt.cli import EXIT_USER_ERROR, UserError, guarded
 from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.errors import EXIT_USER_ERROR, UserError, guarded
 from transformer_mt.training.finetune import check_tokenizer_settings, finetune_model_config
-from transformer_mt.training.run import build, run
+from transformer_mt.training.run import prepare_and_build, run
 
 from conftest import FAST_TRAIN, compose_train
 
@@ -55,7 +55,7 @@ def last_logged(run_dir: Path, name: str) -> float:
 
 
 def test_first_validation_scores_what_the_checkpoint_scored(base_ckpt: Path, tmp_path: Path):
-    datamodule, module, trainer = build(
+    datamodule, module, trainer = prepare_and_build(
         compose_train(tmp_path, [*FINETUNE, f"init_from={base_ckpt}"])
     )
     assert datamodule.tokenizer.to_json() == load_model(base_ckpt).tokenizer.to_json()

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from transformer_mt.training.loop import is_log_step
 from transformer_mt.training.precision import resolve_precision
+from transformer_mt.training.step import is_log_step
 
 from test_lean_loop import _batches, _loader, _module, _trainer
 

@@ -16,7 +16,9 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader
 
-from transformer_mt.cli import NonFiniteLossError
+from transformer_mt.errors import NonFiniteLossError
+from transformer_mt.model.config import ModelConfig
+from transformer_mt.training.config import TrainingConfig
 from transformer_mt.training.module import TranslationModule
 
 from conftest import PAD, random_batch
@@ -79,12 +81,11 @@ class _Module(TranslationModule):
         return loss, nll_sum, n_tokens
 
 
-def _module(**kwargs: Any) -> _Module:
+def _module(**training: Any) -> _Module:
     return _Module(
-        MODEL,
+        ModelConfig(**MODEL),
         optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True),
-        warmup_steps=1,
-        **kwargs,
+        training=TrainingConfig(warmup_steps=1, **training),
     )
 
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_mt.cli import EXIT_INTERRUPTED, EXIT_USER_ERROR, guarded
 from transformer_mt.data.batching import TokenBudgetBatchSampler
+from transformer_mt.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, guarded
 from transformer_mt.training.run import run
 
 from conftest import FAST_TRAIN, FILES_TRAIN, compose_train, error_line, short_run, write_corpus

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_mt.cli import EXIT_USER_ERROR, guarded
-from transformer_mt.training.run import check_output_dir, run
+from transformer_mt.errors import EXIT_USER_ERROR, guarded
+from transformer_mt.training.run import run
+from transformer_mt.training.rundir import check_output_dir
 
 from conftest import (
     FILES_TRAIN,

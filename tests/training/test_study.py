@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from transformer_mt.cli import UserError
+from transformer_mt.errors import UserError
 from transformer_mt.training import study as st
 from transformer_mt.training.pruning import StudyTrial
 

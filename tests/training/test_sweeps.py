@@ -419,7 +419,7 @@ def test_a_ddp_trial_trains_the_same_parameters_on_every_rank_and_stops_together
 
 
 def test_a_job_failed_on_a_user_error_is_recorded_as_its_one_line() -> None:
-    from transformer_mt.cli import JobFailed
+    from transformer_mt.errors import JobFailed
 
     config = OmegaConf.create({"hydra": {"job": {"num": 0}, "runtime": {"output_dir": "x"}}})
     failed = JobReturn(overrides=["model.n_heads=3"], status=JobStatus.FAILED)

@@ -11,9 +11,11 @@ import hydra
 import pytest
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 from transformer_mt.data.tokenizer import Tokenizer
-from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer import ModelConfig, Transformer
+from transformer_mt.training.config import TrainingConfig
 from transformer_mt.training.loss import label_smoothed_loss
 from transformer_mt.training.module import TranslationModule
 from transformer_mt.training.precision import resolve_precision
@@ -38,7 +40,14 @@ def test_every_experiment_composes_and_instantiates(tmp_path: Path, experiment: 
     assert optimizer(torch.nn.Linear(2, 2).parameters()).defaults["lr"] == cfg.optimizer.lr
 
 
-@pytest.mark.parametrize("model", MODELS)
+#: Model configs whose one step takes more than a few seconds on a CPU (tens of M parameters).
+LARGE_MODELS = ("base", "big")
+
+
+@pytest.mark.parametrize(
+    "model",
+    [pytest.param(m, marks=[pytest.mark.slow] if m in LARGE_MODELS else []) for m in MODELS],
+)
 def test_every_model_config_builds(tmp_path: Path, model: str) -> None:
     """Each configs/model/*.yaml builds its Transformer and one SGD step lowers the loss."""
     cfg = compose_train(tmp_path, [f"model={model}"])
@@ -61,6 +70,12 @@ def test_every_model_config_builds(tmp_path: Path, model: str) -> None:
     torch.optim.SGD(transformer.parameters(), lr=1e-3).step()
     with torch.no_grad():
         assert float(loss()) < float(before)
+
+
+def test_train_yaml_module_section_holds_the_training_config_defaults(tmp_path: Path) -> None:
+    """train.yaml shows the defaults of TrainingConfig (training/config.py) and changes none."""
+    cfg = compose_train(tmp_path)
+    assert TrainingConfig.from_dict(OmegaConf.to_container(cfg.module)) == TrainingConfig()
 
 
 #: Parameter counts the YAML comments of configs/model/ state for a shared 37k vocabulary.
@@ -101,17 +116,17 @@ def test_lr_schedule_matches_the_paper() -> None:
 
 def test_scheduler_steps_every_optimizer_step() -> None:
     module = TranslationModule(
-        {
-            "src_vocab_size": 20,
-            "tgt_vocab_size": 20,
-            "d_model": 16,
-            "n_heads": 2,
-            "d_ff": 16,
-            "n_encoder_layers": 1,
-            "n_decoder_layers": 1,
-        },
+        ModelConfig(
+            src_vocab_size=20,
+            tgt_vocab_size=20,
+            d_model=16,
+            n_heads=2,
+            d_ff=16,
+            n_encoder_layers=1,
+            n_decoder_layers=1,
+        ),
         optimizer=lambda p: torch.optim.Adam(p, lr=2e-3),
-        warmup_steps=10,
+        training=TrainingConfig(warmup_steps=10),
     )
     conf = module.configure_optimizers()
     opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]

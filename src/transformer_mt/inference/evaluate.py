@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
 from transformer_mt.data.collate import source_limit
-from transformer_mt.data.config import DataConfig, register_stored_overrides
+from transformer_mt.data.config import DataConfig
 from transformer_mt.data.prepare import PreparedData, decode_loader, prepare
 from transformer_mt.files import (
     check_output_file,
@@ -51,9 +51,6 @@ from transformer_mt.inference.translate import (
 )
 
 log = logging.getLogger(__name__)
-
-# configs/evaluate.yaml's default `data: stored` (every key null = as stored).
-register_stored_overrides()
 
 
 class DataMismatchError(ValueError):

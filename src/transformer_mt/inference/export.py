@@ -293,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _export(args)
     except (ExportError, CheckpointError, ValueError, OSError) as err:
-        from transformer_mt.cli import EXIT_USER_ERROR, one_line
+        from transformer_mt.errors import EXIT_USER_ERROR, one_line
 
         print(f"error: {one_line(err)}", file=sys.stderr)
         return EXIT_USER_ERROR

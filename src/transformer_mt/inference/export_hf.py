@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from transformer_mt.checkpoint import LoadedModel
-from transformer_mt.cli import UserError
 from transformer_mt.data.collate import source_limit
 from transformer_mt.data.tokenizer import BOS, EOS, PAD, UNK
+from transformer_mt.errors import UserError
 from transformer_mt.inference.export_weights import convert_state_dict, feature_permutation
 from transformer_mt.inference.search import SearchConfig
 from transformer_mt.inference.translate import stored_data_config

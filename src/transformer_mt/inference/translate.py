@@ -386,7 +386,7 @@ def _open_translator(args: argparse.Namespace) -> Any:
 
 
 def _error(err: BaseException) -> int:
-    from transformer_mt.cli import EXIT_USER_ERROR, one_line
+    from transformer_mt.errors import EXIT_USER_ERROR, one_line
 
     print(f"error: {one_line(err)}", file=sys.stderr)
     return EXIT_USER_ERROR
@@ -397,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     A user error (missing or unsafe checkpoint, bad option, input that is not UTF-8, an
     output that would overwrite an input) is one ``error:`` line on stderr and status 2, as
-    for train.py and evaluate.py (transformer_mt.cli); Ctrl-C gives 130.
+    for train.py and evaluate.py (transformer_mt.errors); Ctrl-C gives 130.
     """
     args = build_parser().parse_args(argv)
     logging.basicConfig(

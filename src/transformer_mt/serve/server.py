@@ -23,7 +23,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from transformer_mt.cli import EXIT_USER_ERROR, one_line
+from transformer_mt.errors import EXIT_USER_ERROR, one_line
 from transformer_mt.serve.limits import Limits
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback, Timer
+from lightning.pytorch.callbacks import Callback, RichProgressBar, Timer
 from lightning.pytorch.trainer.states import TrainerFn
 
 log = logging.getLogger(__name__)
@@ -221,3 +221,36 @@ def find_budget(trainer: pl.Trainer | None) -> TrainingBudget | None:
     if trainer is None:
         return None
     return next((cb for cb in trainer.callbacks if isinstance(cb, TrainingBudget)), None)
+
+
+class BudgetProgressBar(RichProgressBar):
+    """Rich progress bar that counts epochs without a fake maximum and shows the time left.
+
+    A run bounded by ``trainer.max_time`` has no epoch count (``max_epochs`` is -1), which
+    Lightning's bar renders as ``Epoch 20/-2``; here the epoch stands alone and the metrics
+    column gains ``left``: the minutes until the budget stops training (the reserve for the
+    final validation already taken off).
+    """
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        max_epochs = self.trainer.max_epochs
+        description = f"Epoch {current_epoch}"
+        if max_epochs is not None and max_epochs > 0:
+            description += f"/{max_epochs - 1}"
+        return f"{description:{len(self.validation_description)}}"
+
+    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        left = time_left(find_budget(trainer))
+        if left is not None and trainer.training:
+            metrics["left"] = left
+        return metrics
+
+
+def time_left(budget: TrainingBudget | None) -> str | None:
+    """``M:SS`` until ``budget`` stops training (``None`` without a wall-clock budget)."""
+    horizon = budget.horizon() if budget is not None else None
+    if budget is None or horizon is None:
+        return None
+    minutes, seconds = divmod(int(max(horizon - budget.elapsed(), 0.0)), 60)
+    return f"{minutes}:{seconds:02d}"

@@ -44,7 +44,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from transformer_mt.checkpoint import save_checkpoint
-from transformer_mt.cli import NonFiniteLossError
+from transformer_mt.errors import NonFiniteLossError
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +211,14 @@ class SafeModelCheckpoint(ModelCheckpoint):
         super().on_train_end(trainer, pl_module)
         if self.save_last and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def _save_topk_checkpoint(self, trainer: pl.Trainer, monitor_candidates: Any) -> None:
+        # Before the first validation there is no val/bleu to rank by and Lightning would only
+        # warn and save nothing: a run shorter than one validation keeps last.ckpt, quietly.
+        unranked = self.monitor is not None and self.monitor not in monitor_candidates
+        if unranked and not trainer.fit_loop.epoch_loop.val_loop._has_run:
+            return
+        super()._save_topk_checkpoint(trainer, monitor_candidates)
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         if not weights_are_finite(trainer.lightning_module):

@@ -1,61 +1,21 @@
 """Start-up checks of a training run: what can be found before any data is read or step trained.
 
 Each raises a user error (one ``error:`` line, exit 2, docs/errors.md) naming the value, the
-cause and the fix: a model value of the wrong type, ``data.max_len`` beyond the positional
-table, a checkpoint to resume from that is unreadable, foreign, of another model shape or
+cause and the fix: ``data.max_len`` beyond the positional table, a checkpoint to resume from that is unreadable, foreign, of another model shape or
 tokenizer, and a disk without room for the checkpoints the run keeps. The run directory's own
 checks (writable, locked) are in :mod:`transformer_mt.training.rundir`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
-import typing
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from transformer_mt.checkpoint import LoadedModel, build_model, load_checkpoint
-from transformer_mt.cli import UserError
 from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.errors import UserError
 from transformer_mt.model.transformer import ModelConfig
-
-
-def model_values(cfg_model: DictConfig) -> dict[str, Any]:
-    """The model group as plain values, each checked against :class:`ModelConfig`'s types.
-
-    Raises:
-        UserError: a value of the wrong type, e.g. ``model.d_model=abc`` (one line, exit 2,
-            before any data is read).
-    """
-    values = OmegaConf.to_container(cfg_model, resolve=True)
-    assert isinstance(values, dict)
-    values.pop("name", None)
-    hints = typing.get_type_hints(ModelConfig)
-    for field in dataclasses.fields(ModelConfig):
-        if field.name not in values:
-            continue
-        value, hint = values[field.name], hints[field.name]
-        allowed = typing.get_args(hint) or (hint,)
-        ok = any(
-            (kind is type(None) and value is None)
-            or (kind is bool and isinstance(value, bool))
-            or (kind is int and isinstance(value, int) and not isinstance(value, bool))
-            or (kind is float and isinstance(value, (int, float)) and not isinstance(value, bool))
-            or (kind is str and isinstance(value, str))
-            for kind in allowed
-        )
-        if not ok:
-            names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-            wanted = " or ".join(names.get(k, "null") for k in allowed)
-            example = {int: "512", float: "0.1", bool: "true", str: "relu"}.get(allowed[0], "null")
-            raise UserError(
-                f"model.{field.name} must be {wanted}, got {value!r} "
-                f"({type(value).__name__}); set e.g. model.{field.name}={example}"
-            )
-    return values
 
 
 def check_max_len(data_max_len: int | None, model_max_len: int) -> None:

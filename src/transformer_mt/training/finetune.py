@@ -30,10 +30,10 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
-from transformer_mt.cli import UserError
 from transformer_mt.data.tokenizer import FILENAME, Tokenizer
+from transformer_mt.errors import UserError
 from transformer_mt.model.transformer import ModelConfig
-from transformer_mt.training.checks import model_values
+from transformer_mt.training.config import model_settings
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def finetune_start(cfg: DictConfig, run_dir: Path) -> FineTuneStart | None:
     if not cfg.get("init_from"):
         return None
     init = load_init(cfg.init_from)
-    config = finetune_model_config(init, model_values(cfg.model), explicit_overrides("model"))
+    config = finetune_model_config(init, model_settings(cfg.model), explicit_overrides("model"))
     data = OmegaConf.to_container(cfg.data, resolve=True)
     assert isinstance(data, dict)
     check_tokenizer_settings(init, data, explicit_overrides("data"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import asdict
 from typing import Any
 
 import lightning.pytorch as pl
@@ -20,80 +21,54 @@ from transformer_mt.checkpoint import CHECKPOINT_KEY, write_metadata
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.inference.decode import decode_batch
 from transformer_mt.inference.metrics import corpus_scores
-from transformer_mt.inference.search import SearchConfig
 from transformer_mt.model.transformer import ModelConfig, Transformer
 from transformer_mt.training.budget import find_budget
 from transformer_mt.training.callbacks import stop_if_diverged
-from transformer_mt.training.loop import (
+from transformer_mt.training.config import TrainingConfig
+from transformer_mt.training.loss import label_smoothed_loss
+from transformer_mt.training.schedules import lr_factor
+from transformer_mt.training.step import (
     StepWindow,
     check_at_once,
     clip_without_scaler,
     is_log_step,
     nonfinite_error,
 )
-from transformer_mt.training.loss import label_smoothed_loss
-from transformer_mt.training.schedules import SCHEDULES, lr_factor
 
 log = logging.getLogger(__name__)
 
 
 class TranslationModule(pl.LightningModule):
-    """Trains a :class:`Transformer` with label smoothing, Adam and the paper's schedule.
+    """Trains a :class:`Transformer` with label smoothing and a warmup schedule; scores BLEU.
 
     Args:
-        model_config: :class:`ModelConfig` fields (plain dict; vocab sizes and pad id filled
-            in from the tokenizer by :func:`transformer_mt.training.run.run`).
+        config: the model's sizes and switches (vocabulary sizes and pad id from the
+            tokenizer, :func:`transformer_mt.training.run.build_module`).
         optimizer: a partial optimizer constructor (Hydra ``_partial_: true``) taking the
             parameters; its ``lr`` is the peak learning rate.
-        warmup_steps: linear warmup length (optimizer steps).
-        lr_schedule: what follows the warmup (:func:`lr_factor`): ``inverse_sqrt`` (the
-            paper), or ``linear``/``cosine`` decay to zero at the end of the budget the trainer
-            states: ``max_time`` (wall clock, via :class:`TrainingBudget`), ``max_steps`` or
-            ``max_epochs``, whichever ends first.
-        label_smoothing: epsilon of label smoothing (the paper's 0.1).
-        decoding: :class:`SearchConfig` fields for validation/test BLEU.
-        num_examples: example translations logged at each validation.
-        nonfinite_loss: ``"stop"`` raises :class:`NonFiniteLossError`; ``"skip"`` skips the
-            batch (no optimizer step) and counts it.
-        tokenizer: stored in every checkpoint so that a checkpoint alone can translate.
-        src_lang, tgt_lang: language codes, stored in checkpoints (evaluation checks them).
-        data_config: the resolved data config (plain dict), stored in checkpoints so that
-            evaluate.py can rebuild the test set without the training config.
+        training: schedule, loss, examples and the decoding of validation/test BLEU.
+        tokenizer: turns hypotheses into text for BLEU; ``None`` scores losses only.
+
+    Checkpoints hold the model config, the tokenizer, the decoding options and the settings
+    of the data module being trained on (its languages among them): a checkpoint alone
+    translates, and evaluate.py rebuilds its test split.
     """
 
     def __init__(
         self,
-        model_config: dict[str, Any],
-        optimizer: Callable[[Iterable[Tensor]], torch.optim.Optimizer] | None = None,
-        warmup_steps: int = 4000,
-        label_smoothing: float = 0.1,
-        lr_schedule: str = "inverse_sqrt",
-        decoding: dict[str, Any] | None = None,
-        num_examples: int = 3,
-        nonfinite_loss: str = "stop",
+        config: ModelConfig,
+        *,
+        optimizer: Callable[[Iterable[Tensor]], torch.optim.Optimizer],
+        training: TrainingConfig | None = None,
         tokenizer: Tokenizer | None = None,
-        src_lang: str | None = None,
-        tgt_lang: str | None = None,
-        data_config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-        if lr_schedule not in SCHEDULES:
-            raise ValueError(
-                f"module.lr_schedule must be one of {', '.join(SCHEDULES)}, got {lr_schedule!r}"
-            )
-        if nonfinite_loss not in ("stop", "skip"):
-            raise ValueError(f"nonfinite_loss must be 'stop' or 'skip', got {nonfinite_loss!r}")
-        # Plain types only: the checkpoint must load with torch.load(weights_only=True).
-        self.save_hyperparameters(ignore=["optimizer", "tokenizer", "data_config"])
-        self.config = ModelConfig.from_dict(dict(model_config))
-        self.model = Transformer(self.config)
+        self.config = config
+        self.model = Transformer(config)
         self.optimizer_factory = optimizer
-        self.search = SearchConfig(**(decoding or {}))
+        self.training_config = training if training is not None else TrainingConfig()
+        self.search = self.training_config.decoding
         self.tokenizer = tokenizer
-        self.src_lang, self.tgt_lang = src_lang, tgt_lang
-        self.data_config = dict(data_config) if data_config else None
         self._window = StepWindow()  # training metrics, read at log steps only
         self._eval_outputs: list[tuple[int, str, str, str]] = []
         self._eval_loss = [0.0, 0]  # nll sum, tokens
@@ -110,7 +85,7 @@ class TranslationModule(pl.LightningModule):
         tgt = batch["tgt"]
         logits = self.model(batch["src"], tgt[:, :-1])  # (B, T, V)
         return label_smoothed_loss(
-            logits, tgt[:, 1:], self.config.pad_id, self.hparams.label_smoothing
+            logits, tgt[:, 1:], self.config.pad_id, self.training_config.label_smoothing
         )
 
     def on_train_start(self) -> None:
@@ -118,9 +93,9 @@ class TranslationModule(pl.LightningModule):
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor | None:
         loss, nll_sum, n_tokens = self._loss(batch)
-        if check_at_once(self.device, self.hparams.nonfinite_loss):
+        if check_at_once(self.device, self.training_config.nonfinite_loss):
             if not torch.isfinite(loss):
-                if self.hparams.nonfinite_loss == "skip":
+                if self.training_config.nonfinite_loss == "skip":
                     self.skipped_batches += 1
                     self._skipped_in_a_row += 1
                     stop_if_diverged(self.model, loss, self.global_step, self._skipped_in_a_row)
@@ -154,20 +129,15 @@ class TranslationModule(pl.LightningModule):
         gradient_clip_val: Any = None,
         gradient_clip_algorithm: Any = None,
     ) -> None:
-        """As configured; under bf16-mixed also with a fused optimizer (see training/loop.py)."""
+        """As configured; under bf16-mixed also with a fused optimizer (see training/step.py)."""
         clip, algorithm = gradient_clip_val, gradient_clip_algorithm
         if not clip_without_scaler(self, self.trainer.precision_plugin, clip, algorithm):
             super().configure_gradient_clipping(optimizer, clip, algorithm)
 
     def configure_optimizers(self) -> Any:
-        if self.optimizer_factory is None:
-            optimizer: torch.optim.Optimizer = torch.optim.Adam(
-                self.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9
-            )
-        else:
-            optimizer = self.optimizer_factory(self.parameters())
-        warmup = int(self.hparams.warmup_steps)
-        schedule = str(self.hparams.get("lr_schedule", "inverse_sqrt"))
+        optimizer = self.optimizer_factory(self.parameters())
+        warmup = self.training_config.warmup_steps
+        schedule = self.training_config.lr_schedule
         total = self.planned_steps() if schedule != "inverse_sqrt" else None
         # A wall-clock budget (trainer.max_time) is a horizon too: see training/budget.py.
         budget = find_budget(self._trainer)  # progress() is None without trainer.max_time
@@ -274,7 +244,7 @@ class TranslationModule(pl.LightningModule):
             metrics[f"{stage}/bleu_lc"] = scores.bleu_lc
             metrics[f"{stage}/chrf"] = scores.chrf
             if self.trainer.is_global_zero and not self.trainer.sanity_checking:
-                for src, ref, hyp in ordered[: self.hparams.num_examples]:
+                for src, ref, hyp in ordered[: self.training_config.num_examples]:
                     log.info("[%s] src: %s\n        ref: %s\n        hyp: %s", stage, src, ref, hyp)
         for name, value in metrics.items():
             # Values are already global (gathered above): no further reduction across ranks.
@@ -302,19 +272,29 @@ class TranslationModule(pl.LightningModule):
     # ------------------------------------------------------------------ checkpoints
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Everything needed to translate with this checkpoint alone (the format of checkpoint.py).
+        # Everything needed to translate with this checkpoint alone (the format of
+        # checkpoint.py); the data settings come from the data module being trained on.
+        data = getattr(self._trainer, "datamodule", None) if self._trainer else None
+        data_config = getattr(data, "config", None)
+        tokenizer = self.tokenizer
         extra = write_metadata(
             checkpoint,
             self.config,
-            self.tokenizer,
-            src_lang=self.src_lang,
-            tgt_lang=self.tgt_lang,
-            decoding=self.hparams.decoding,
-            data=self.data_config,
+            tokenizer,
+            src_lang=data_config.src_lang if data_config else getattr(tokenizer, "src_lang", None),
+            tgt_lang=data_config.tgt_lang if data_config else getattr(tokenizer, "tgt_lang", None),
+            decoding=self._stored_decoding(),
+            data=data_config.stored() if data_config else None,
         )
         # Dropout draws from the global RNG: saving its state makes a resumed run continue
         # with the same random stream as an uninterrupted one (Lightning does not save it).
         extra["torch_rng_state"] = torch.get_rng_state()
+
+    def _stored_decoding(self) -> dict[str, Any]:
+        """The search options of validation BLEU, the defaults of evaluate.py and translate."""
+        options = asdict(self.search)
+        options.pop("use_cache")  # how to compute, not what: left to each reader
+        return options
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         extra = checkpoint.get(CHECKPOINT_KEY) or {}

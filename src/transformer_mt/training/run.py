@@ -5,16 +5,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_mt.cli import NonFiniteLossError, TrainingInterrupted, UserError
+from transformer_mt.checkpoint import LoadedModel
 from transformer_mt.data.datamodule import TranslationDataModule
+from transformer_mt.errors import NonFiniteLossError, TrainingInterrupted, UserError
 from transformer_mt.model.transformer import ModelConfig
 from transformer_mt.training.budget import TrainingBudget
 from transformer_mt.training.callbacks import (
@@ -27,9 +30,9 @@ from transformer_mt.training.checks import (
     check_max_len,
     check_resume_checkpoint,
     check_resume_matches,
-    model_values,
 )
-from transformer_mt.training.finetune import FreezeParts, check_parts, finetune_start
+from transformer_mt.training.config import TrainingConfig, model_settings
+from transformer_mt.training.finetune import FineTuneStart, FreezeParts, check_parts, finetune_start
 from transformer_mt.training.module import TranslationModule
 from transformer_mt.training.precision import resolve_precision
 from transformer_mt.training.pruning import (
@@ -38,11 +41,7 @@ from transformer_mt.training.pruning import (
     rerun_as_one_job,
     trial_from_hydra,
 )
-from transformer_mt.training.rundir import (
-    check_output_dir,
-    lock_run_dir,
-    release_run_dir,
-)
+from transformer_mt.training.rundir import claim_run_dir, release_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +50,40 @@ def model_config_from(
     cfg_model: DictConfig, src_vocab: int, tgt_vocab: int, pad_id: int
 ) -> ModelConfig:
     """ModelConfig from the Hydra model group plus the sizes the tokenizer decided."""
-    values = model_values(cfg_model)
+    values = model_settings(cfg_model)
     values.update(src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, pad_id=pad_id)
     return ModelConfig.from_dict(values)
+
+
+#: Lightning lines that say nothing about this run: its advertisements ("Tip: ... try
+#: installing litlogger") and the note that our RichModelSummary replaces its default one.
+_CHATTER = ("💡 Tip:", "Trainer already configured with model summary callbacks")
+
+
+def _not_chatter(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(_CHATTER)
+
+
+def route_lightning_logs() -> None:
+    """Each Lightning log line once, through the handlers Hydra configured, without chatter.
+
+    The ``lightning`` package logger has a console handler of its own and also propagates to
+    the root logger, so under Hydra (which gives the root logger a console and a ``train.log``
+    handler) every line would show twice, once plain and once in Hydra's format. Without root
+    handlers (Python use outside Hydra) Lightning keeps its own.
+    """
+    if logging.getLogger().handlers:
+        for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+            logger = logging.getLogger(name)
+            for handler in list(logger.handlers):
+                if type(handler) is logging.StreamHandler:  # its console, not a file of ours
+                    logger.removeHandler(handler)
+            logger.propagate = True
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _not_chatter not in rank_zero.filters:
+        rank_zero.addFilter(_not_chatter)
+    # Lightning's own use of a torch API that torch deprecates: nothing a user can change.
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 def _instantiate_all(section: Any) -> list[Any]:
@@ -90,16 +120,22 @@ def run_callbacks(cfg: DictConfig) -> list[Any]:
     return callbacks
 
 
-def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
-    """Build data module, Lightning module and Trainer from a composed config."""
+def check_config(cfg: DictConfig) -> LoadedModel | None:
+    """What can fail before any data is read: required values and the checkpoint to resume
+    from (returned, read and checked, or ``None``). Types were checked at composition."""
     check_required(cfg)
-    run_dir = Path(cfg.run_dir)
-    check_output_dir(run_dir)
-    model_values(cfg.model)  # wrong types fail now, not after the data is prepared
-    resumed = check_resume_checkpoint(cfg.get("ckpt_path"))
-    start = finetune_start(cfg, run_dir)  # init_from: the checkpoint's weights and tokenizer
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    return check_resume_checkpoint(cfg.get("ckpt_path"))
 
+
+def prepare_data(
+    cfg: DictConfig, run_dir: Path, start: FineTuneStart | None = None
+) -> TranslationDataModule:
+    """The data module with its tokenizer trained (or read, or taken from ``init_from``) in
+    ``run_dir`` and its splits ready.
+
+    The model needs the tokenizer's vocabulary sizes, so this runs before :func:`build`;
+    Lightning's own later ``prepare_data``/``setup`` calls find the work done.
+    """
     data_config = hydra.utils.instantiate(cfg.data, _convert_="all")  # a DataConfig
     datamodule = TranslationDataModule(
         data_config,
@@ -109,40 +145,28 @@ def build(cfg: DictConfig) -> tuple[Any, TranslationModule, pl.Trainer]:
     )
     datamodule.prepare_data()
     datamodule.setup("fit")
+    return datamodule
+
+
+def build_module(
+    cfg: DictConfig, datamodule: TranslationDataModule, start: FineTuneStart | None = None
+) -> TranslationModule:
+    """The Lightning module for the prepared data: vocabulary sizes come from its tokenizer
+    (model shape and weights from ``init_from`` when fine-tuning)."""
     model_config = start.model_config if start else model_config_from(
         cfg.model, datamodule.src_vocab_size, datamodule.tgt_vocab_size, datamodule.pad_id
     )  # fmt: skip
     check_max_len(cfg.data.get("max_len"), model_config.max_len)
-    if resumed is not None:
-        check_resume_matches(resumed, datamodule.tokenizer, model_config, run_dir)
-        del resumed
-    module = _module(cfg, model_config, datamodule, data_config)
+    module_values = OmegaConf.to_container(cfg.module, resolve=True)
+    assert isinstance(module_values, dict)
+    module = TranslationModule(
+        model_config,
+        optimizer=hydra.utils.instantiate(cfg.optimizer),
+        training=TrainingConfig.from_dict(module_values),
+        tokenizer=datamodule.tokenizer,
+    )
     if start is not None:
         start.load_weights(module.model)
-    callbacks = run_callbacks(cfg)
-    if cfg.get("freeze"):
-        check_parts(module.model, list(cfg.freeze))  # a wrong name fails before the Trainer
-        callbacks.append(FreezeParts(list(cfg.freeze)))
-    check_free_space(run_dir, module, callbacks)
-    return datamodule, module, _trainer(cfg, module, callbacks)
-
-
-def _module(
-    cfg: DictConfig, model_config: ModelConfig, datamodule: Any, data_config: Any
-) -> TranslationModule:
-    """The LightningModule for ``model_config``, with the tokenizer and data it trains on."""
-    module_args = OmegaConf.to_container(cfg.module, resolve=True)
-    assert isinstance(module_args, dict)
-    module = TranslationModule(
-        model_config=model_config.to_dict(),
-        optimizer=hydra.utils.instantiate(cfg.optimizer),
-        tokenizer=datamodule.tokenizer,
-        # Stored in checkpoints: evaluate.py rebuilds the test split from it.
-        data_config=data_config.stored(),
-        src_lang=datamodule.src_lang,
-        tgt_lang=datamodule.tgt_lang,
-        **module_args,
-    )
     log.info(
         "model: %s parameters (d_model=%d, %d+%d layers, vocab %d/%d)",
         f"{module.model.num_parameters():,}",
@@ -155,8 +179,22 @@ def _module(
     return module
 
 
-def _trainer(cfg: DictConfig, module: TranslationModule, callbacks: list[Any]) -> pl.Trainer:
-    """The Lightning Trainer of ``cfg.trainer`` with loggers, atomic checkpoints, precision."""
+def build_callbacks(cfg: DictConfig, module: TranslationModule) -> list[Any]:
+    """:func:`run_callbacks`, the freeze of ``init_from`` fine-tuning, and no progress bar
+    when the trainer has none."""
+    callbacks = run_callbacks(cfg)
+    if cfg.get("freeze"):
+        check_parts(module.model, list(cfg.freeze))  # a wrong name fails before the Trainer
+        callbacks.append(FreezeParts(list(cfg.freeze)))
+    if cfg.trainer.get("enable_progress_bar") is False:
+        callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
+    return callbacks
+
+
+def build_trainer(cfg: DictConfig, module: TranslationModule) -> pl.Trainer:
+    """The Trainer with the configured callbacks, loggers, atomic checkpoints and precision."""
+    callbacks = build_callbacks(cfg, module)
+    check_free_space(Path(cfg.run_dir), module, callbacks)
     loggers = _instantiate_all(cfg.get("logger"))
     # Checkpoints are written to a temp file next to the target and renamed: kill -9 at any
     # moment leaves the previous last.ckpt intact (see transformer_mt.training.callbacks).
@@ -176,7 +214,35 @@ def _trainer(cfg: DictConfig, module: TranslationModule, callbacks: list[Any]) -
         logger=loggers or False,
         plugins=plugins,
         precision=choice.precision,
+        # No progress bar configured (callbacks.progress_bar=null) means none: Lightning
+        # would otherwise add its default bar, which fills a plain log file with redraws.
+        enable_progress_bar=any(isinstance(cb, ProgressBar) for cb in callbacks),
     )
+
+
+def build(
+    cfg: DictConfig, datamodule: TranslationDataModule, start: FineTuneStart | None = None
+) -> tuple[TranslationModule, pl.Trainer]:
+    """Lightning module and Trainer from a composed config and the prepared data.
+
+    It only builds: the data is prepared before (:func:`prepare_data`), nothing is written.
+    """
+    module = build_module(cfg, datamodule, start)
+    return module, build_trainer(cfg, module)
+
+
+def prepare_and_build(
+    cfg: DictConfig,
+) -> tuple[TranslationDataModule, TranslationModule, pl.Trainer]:
+    """What a run does before ``fit``: seed, prepare the data, build module and Trainer.
+
+    For tools that drive the fit themselves (the loop benchmark); :func:`run` does the same.
+    """
+    run_dir = Path(cfg.run_dir)
+    start = finetune_start(cfg, run_dir)  # init_from: the checkpoint's weights and tokenizer
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    datamodule = prepare_data(cfg, run_dir, start)
+    return (datamodule, *build(cfg, datamodule, start))
 
 
 def last_checkpoint(trainer: pl.Trainer) -> str | None:
@@ -263,23 +329,30 @@ def run(cfg: DictConfig) -> float | None:
         os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("WANDB_SILENT", "true")
     torch.set_float32_matmul_precision("high")
+    route_lightning_logs()
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
 
     run_dir = Path(cfg.run_dir)
-    check_output_dir(run_dir)
-    # One run per directory; a no-op when train.py's RunDirGuard already holds it.
-    locked_here = lock_run_dir(run_dir)
+    # One run per directory, checked and locked once: by RunDirGuard when Hydra starts a
+    # single run (then this is a no-op), here for multirun jobs and direct callers.
+    claimed = claim_run_dir(run_dir)
     try:
         with one_trial_per_process_group():
-            return _run(cfg)
+            return _run(cfg, run_dir)
     finally:
-        if locked_here:
+        if claimed:
             release_run_dir(run_dir)
 
 
-def _run(cfg: DictConfig) -> float | None:
-    datamodule, module, trainer = build(cfg)
+def _run(cfg: DictConfig, run_dir: Path) -> float | None:
+    resumed = check_config(cfg)
+    datamodule, module, trainer = prepare_and_build(cfg)
+    if resumed is not None:
+        check_resume_matches(resumed, datamodule.tokenizer, module.config, run_dir)
+        del resumed
+    for logger in trainer.loggers:  # the whole composed config, for comparing runs and sweeps
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     fit(trainer, module, datamodule, cfg.get("ckpt_path"))
     val_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
 
@@ -328,7 +401,9 @@ def _print_summary(
         if key in test:
             table.add_row(key, f"{test[key]:.3f}")
     table.add_row("run dir", str(cfg.run_dir))
-    table.add_row("best checkpoint", best_path or "-")
+    validated = any(key.startswith("val/") for key in val)
+    no_best = "-" if validated else "- (the run ended before its first validation)"
+    table.add_row("best checkpoint", best_path or no_best)
     last = last_checkpoint(trainer)  # the file this run wrote, not a last.ckpt of another run
     if last is not None:
         table.add_row("last checkpoint", last)

@@ -9,8 +9,8 @@ clean-up) and writes its PID to ``<run dir>/.run.pid`` for the message of the ne
 :class:`RunDirGuard` is a Hydra callback (``configs/train.yaml`` ``hydra.callbacks``): Hydra
 creates the run directory and writes ``.hydra/`` *before* the task runs, so an unwritable or
 busy ``hydra.run.dir`` has to be caught in ``on_run_start``, where Hydra's traceback would
-otherwise be all the user sees. ``run()`` takes the same lock (re-entrant in one process) for
-multiruns and for callers that do not go through Hydra.
+otherwise be all the user sees. ``run()`` claims it for multirun jobs and for callers that do
+not go through Hydra; a directory already claimed in this process is not checked again.
 
 Light on purpose: no torch, no Lightning, so the check costs nothing at start-up.
 """
@@ -27,7 +27,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 from hydra.experimental.callback import Callback
 
-from transformer_mt.cli import EXIT_USER_ERROR, UserError
+from transformer_mt.errors import EXIT_USER_ERROR, UserError
 from transformer_mt.files import write_text_atomic
 
 log = logging.getLogger(__name__)
@@ -131,10 +131,17 @@ def release_run_dir(run_dir: Path) -> None:
         lock.release()
 
 
-def claim_run_dir(run_dir: Path) -> None:
-    """Check and lock ``run_dir`` (both raise user errors: one line, exit 2)."""
+def claim_run_dir(run_dir: Path) -> bool:
+    """Check and lock ``run_dir`` once per process (both raise user errors: one line, exit 2).
+
+    Returns:
+        ``True`` if this call took the lock (the caller releases it); ``False`` if this
+        process already holds it, checked (or is a secondary DDP rank).
+    """
+    if str(run_dir.resolve()) in _held:
+        return False
     check_output_dir(run_dir)
-    lock_run_dir(run_dir)
+    return lock_run_dir(run_dir)
 
 
 class RunDirGuard(Callback):

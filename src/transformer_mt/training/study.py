@@ -32,7 +32,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_mt.cli import UserError
+from transformer_mt.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
-from transformer_mt.cli import UserError
+from transformer_mt.errors import UserError
 from transformer_mt.files import write_text_atomic
 from transformer_mt.training import study as st
 from transformer_mt.training.sweep import RESULT_FILE, JobResult, write_summary

@@ -37,7 +37,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_mt.cli import JobFailed
+from transformer_mt.errors import JobFailed
 from transformer_mt.files import write_text_atomic
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer_mt.cli import NonFiniteLossError
+from transformer_mt.errors import NonFiniteLossError
 
 
 def is_log_step(trainer: Any) -> bool:

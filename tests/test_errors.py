@@ -1,10 +1,10 @@
-"""The error surface of the commands (transformer_mt.cli): exit codes, one line, bugs unchanged."""
+"""The error surface of the commands (transformer_mt.errors): exit codes, one line, bugs unchanged."""
 
 from __future__ import annotations
 
 import pytest
 
-from transformer_mt.cli import (
+from transformer_mt.errors import (
     EXIT_INTERRUPTED,
     EXIT_RUNTIME_ERROR,
     EXIT_USER_ERROR,

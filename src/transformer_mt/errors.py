@@ -15,8 +15,8 @@ What the user sees on stderr, and the exit status:
 - :class:`UserError`, ``ValueError``, ``OSError`` (missing files, permissions, full disk,
   ``ConnectionError`` for the Hub), OmegaConf/Hydra config errors:
   ``error: <cause and fix>``, exit 2 (:data:`EXIT_USER_ERROR`).
-- Hydra's own composition errors (unknown key, unknown group option): Hydra's message,
-  no traceback, exit 2 (see :func:`run_entry_point`).
+- A config that does not compose (unknown key, wrong type, unknown group option):
+  ``error: <Hydra's message; the key and cause>``, exit 2 (see :func:`run_entry_point`).
 - :class:`NonFiniteLossError`: ``error: <step, causes, checkpoint>``,
   exit 1 (:data:`EXIT_RUNTIME_ERROR`).
 - :class:`TrainingInterrupted`, Ctrl-C: ``error: <checkpoint to resume from>``, exit 130.
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -100,8 +101,14 @@ class _State:
     task_started = False
 
 
+#: Set beside HYDRA_FULL_ERROR by :func:`run_entry_point` (also for the processes it starts),
+#: so that only a HYDRA_FULL_ERROR the user set asks for tracebacks.
+_SET_BY_US = "TRANSFORMER_MT_HYDRA_RAISES"
+
+
 def _debug() -> bool:
-    return any(os.environ.get(var, "") not in ("", "0") for var in DEBUG_VARIABLES)
+    names = DEBUG_VARIABLES[1:] if os.environ.get(_SET_BY_US) else DEBUG_VARIABLES
+    return any(os.environ.get(var, "") not in ("", "0") for var in names)
 
 
 def _root_cause(exc: BaseException) -> BaseException:
@@ -241,11 +248,15 @@ def _job_failed(exc: BaseException, code: int) -> JobFailed:
 
 
 def run_entry_point(main: Callable[[], Any]) -> None:
-    """Call a ``@hydra.main`` function; Hydra's config errors exit with :data:`EXIT_USER_ERROR`.
+    """Call a ``@hydra.main`` function; a config that does not compose is one ``error:`` line.
 
-    Hydra prints its own clear message for an unknown key or group option and exits 1
-    before the task runs; that is a user error, so the status becomes 2 like the others.
+    Hydra reports a composition error (an unknown key, a value of the wrong type, an unknown
+    group option) in several lines and exits 1. With ``HYDRA_FULL_ERROR`` set it raises the
+    error instead, which this function prints as the one line every user error gets, with
+    :data:`EXIT_USER_ERROR`.
     """
+    if not _debug():
+        os.environ.update({"HYDRA_FULL_ERROR": "1", _SET_BY_US: "1"})
     try:
         main()
     except SystemExit as exc:
@@ -254,3 +265,27 @@ def run_entry_point(main: Callable[[], Any]) -> None:
         if exc.code == 1 and not _State.task_started:
             sys.exit(EXIT_USER_ERROR)
         raise
+    except Exception as exc:
+        code = exit_code_for(exc)
+        if code is None or _State.task_started:
+            raise
+        if _debug():
+            traceback.print_exc()
+        sys.stdout.flush()
+        print(f"error: {composition_error(exc)}", file=sys.stderr, flush=True)
+        sys.exit(code)
+
+
+def composition_error(exc: BaseException) -> str:
+    """One line for a config that Hydra could not compose: its message, the OmegaConf cause
+    (key and reason) and where to see every key."""
+    # Hydra's hints name its search path and suggest appending with '+', which a typed node
+    # refuses as well: the key and the cause say what to fix.
+    message = one_line(exc).split(" Config search path:")[0]
+    parts = [re.sub(r"\.? To append to your config use \S+", "", message)]
+    cause = exc.__cause__
+    if cause is not None and str(cause):
+        first = str(cause).strip().splitlines()[0]
+        key = getattr(cause, "full_key", None)
+        parts.append(f"{key}: {first}" if key and key not in first else first)
+    return "; ".join(parts) + ("; add --cfg job to the command to see every key with its value")

@@ -1,0 +1,157 @@
+"""The typed settings of a training run and the schema Hydra checks ``train.yaml`` against.
+
+:class:`TrainingConfig` is how the Lightning module trains and scores (the ``module`` section
+of ``configs/train.yaml``); :func:`transformer_mt.training.run.build_module` builds it once and
+:class:`~transformer_mt.training.module.TranslationModule` takes it whole. The optimizer stays
+a Hydra ``_partial_`` constructor (``optimizer:``), the model's sizes a
+:class:`~transformer_mt.model.config.ModelConfig`, the data a
+:class:`~transformer_mt.data.config.DataConfig`.
+
+:class:`TrainSchema` types every key of ``train.yaml``: the ``data``, ``model`` and ``module``
+groups by those dataclasses, the run options by their own types. ``register_schemas`` puts
+it into Hydra's ConfigStore, so a value of the wrong type or an unknown key fails when the
+config is composed, before anything runs. The dataclasses hold the defaults; the YAML files
+are presets over them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from omegaconf import MISSING, OmegaConf
+
+from transformer_mt.data.config import DataConfig
+from transformer_mt.inference.search import SearchConfig
+from transformer_mt.model.config import ModelConfig
+from transformer_mt.training.schedules import SCHEDULES
+
+NONFINITE_LOSS = ("stop", "skip")
+
+
+@dataclass
+class TrainingConfig:
+    """The learning-rate schedule, the loss and the scoring of one training run.
+
+    Attributes:
+        warmup_steps: linear warmup length in optimizer steps; the optimizer's ``lr`` is the
+            peak reached at its end.
+        lr_schedule: what follows the warmup (:func:`~transformer_mt.training.schedules.
+            lr_factor`): ``inverse_sqrt`` (the paper), or ``linear``/``cosine`` decay to zero at
+            the end of the budget the trainer states (``max_time`` via
+            :class:`~transformer_mt.training.budget.TrainingBudget`, ``max_steps`` or
+            ``max_epochs``, whichever ends first).
+        label_smoothing: epsilon of label smoothing (the paper's 0.1).
+        num_examples: example translations logged at each validation.
+        nonfinite_loss: ``stop`` raises :class:`~transformer_mt.errors.NonFiniteLossError`;
+            ``skip`` skips the batch (no optimizer step) and counts it.
+        decoding: the search of validation and test BLEU, stored in every checkpoint as the
+            default of evaluate.py and translate.
+    """
+
+    warmup_steps: int = 400
+    lr_schedule: str = "inverse_sqrt"
+    label_smoothing: float = 0.1
+    num_examples: int = 3
+    nonfinite_loss: str = "stop"
+    decoding: SearchConfig = field(default_factory=SearchConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.decoding, Mapping):
+            self.decoding = SearchConfig(**self.decoding)
+        if self.warmup_steps < 0:
+            raise ValueError(f"module.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(
+                f"module.label_smoothing must be in [0, 1), got {self.label_smoothing}"
+            )
+        if self.lr_schedule not in SCHEDULES:
+            raise ValueError(
+                f"module.lr_schedule must be one of {', '.join(SCHEDULES)}, "
+                f"got {self.lr_schedule!r}"
+            )
+        if self.nonfinite_loss not in NONFINITE_LOSS:
+            raise ValueError(
+                f"module.nonfinite_loss must be 'stop' or 'skip', got {self.nonfinite_loss!r}"
+            )
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> TrainingConfig:
+        """From the ``module`` section; an unknown key is an error that names the known ones."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown module config keys {unknown}; known keys: {sorted(known)}")
+        return cls(**values)
+
+
+def model_settings(cfg_model: Any) -> dict[str, Any]:
+    """The ``model`` group's values (typed by :data:`ModelGroup` at composition), less the
+    preset's ``name``: :class:`ModelConfig` keyword arguments but the tokenizer's sizes."""
+    values = OmegaConf.to_container(cfg_model, resolve=True)
+    assert isinstance(values, dict)
+    values.pop("name", None)
+    return values
+
+
+#: ModelConfig fields that the tokenizer decides: not settings of the ``model`` group.
+FROM_TOKENIZER = ("src_vocab_size", "tgt_vocab_size", "pad_id")
+
+
+def _model_group_schema() -> type:
+    """The ``model`` group: every :class:`ModelConfig` field (type and default) but those the
+    tokenizer decides, plus the preset's ``name``. Derived, so that no field is written twice."""
+    hints = typing.get_type_hints(ModelConfig)
+    specs: list[tuple[str, Any, Any]] = [("name", str, field(default="custom"))]
+    for f in fields(ModelConfig):
+        if f.name not in FROM_TOKENIZER:
+            specs.append((f.name, hints[f.name], field(default=f.default)))
+    return dataclasses.make_dataclass("ModelGroup", specs)
+
+
+ModelGroup = _model_group_schema()
+
+
+@dataclass
+class DataGroup(DataConfig):
+    """The ``data`` group: :class:`DataConfig`'s fields and the target Hydra instantiates."""
+
+    _target_: str = "transformer_mt.data.config.DataConfig"
+
+
+@dataclass
+class TrainSchema:
+    """Every key of ``configs/train.yaml`` and its type; the YAML holds the values.
+
+    The Lightning side (``trainer``, ``callbacks``, ``logger``) and the ``optimizer`` are
+    Hydra ``_target_`` nodes checked by the classes they instantiate.
+    """
+
+    task_name: str = MISSING
+    seed: int = MISSING
+    run_dir: str = MISSING
+    ckpt_path: str | None = MISSING
+    init_from: str | None = MISSING
+    freeze: list[str] = MISSING
+    optimized_metric: str | None = MISSING
+    test_after_fit: bool = MISSING
+    threads: int | None = MISSING
+    data: DataGroup = field(default_factory=DataGroup)
+    model: Any = field(default_factory=ModelGroup)  # typed by its ModelGroup default
+    module: TrainingConfig = field(default_factory=TrainingConfig)
+    optimizer: dict[str, Any] = field(default_factory=dict)
+    budget: dict[str, Any] = field(default_factory=dict)  # TrainingBudget's arguments
+    trainer: dict[str, Any] = field(default_factory=dict)
+    callbacks: dict[str, Any] = field(default_factory=dict)
+    logger: dict[str, Any] = field(default_factory=dict)
+
+
+def register_schemas() -> None:
+    """Register :class:`TrainSchema` as ``train_schema``, the first entry of train.yaml's
+    defaults list (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="train_schema", node=TrainSchema)
