@@ -46,7 +46,9 @@ def attention_maps(
     src_ids = tok.encode_src_batch([sentence])[0][: loaded.config.max_len - 1]
     src = torch.tensor([[*src_ids, tok.eos_id]], device=loaded.device)  # (1, S)
     search = SearchConfig(beam_size=1, max_len_b=max_len_b)
-    out = generate(loaded.model, src, tok.bos_id, tok.eos_id, search)[0].tolist()
+    out = generate(loaded.model, src, bos_id=tok.bos_id, eos_id=tok.eos_id, search=search)[
+        0
+    ].tolist()
     out = out[: out.index(tok.eos_id)] if tok.eos_id in out else out
     maps = record_maps(loaded, src_ids, out)
     weights = {kind: getattr(maps, kind) for kind in KINDS}

@@ -28,12 +28,6 @@ MAX_POSITIONAL = 5
 #: The list only shrinks: the test fails when an entry is fixed, renamed or gone.
 TO_SHORTEN: dict[str, str] = {
     "checkpoint.py:build_model": "one builder per config object (typed configs)",
-    "data/prepare.py:decode_loader": "keyword-only options after the data",
-    "inference/decode.py:decode": "keyword-only options after the batches",
-    "inference/evaluate.py:run": "split by input mode and reporting",
-    "inference/search.py:greedy_search": "keyword-only options from SearchConfig",
-    "inference/search.py:beam_search": "steps of the search as helpers, keyword-only options",
-    "model/attention.py:_combine_masks": "keyword-only masks",
 }
 
 

@@ -33,7 +33,7 @@ from bench.common import (
     synthetic_batch,
     top_ops,
 )
-from transformer_mt.inference.search import beam_search, greedy_search
+from transformer_mt.inference.search import SearchConfig, generate
 from transformer_mt.model.transformer import ModelConfig, Transformer
 
 NAME = "decode"
@@ -133,11 +133,9 @@ class _Contenders:
     def ours(self, beam: int, cache: bool, rows: Tensor) -> Callable[[], Tensor]:
         # max_len_a=0, max_len_b=n: every sentence is capped at exactly n tokens (eos at the
         # cap) and, with eos suppressed before it, runs all n decoder steps.
-        common = {"bos_id": BOS, "eos_id": EOS, "max_len_a": 0.0, "max_len_b": self.n_new}
+        search = SearchConfig(beam_size=beam, max_len_a=0.0, max_len_b=self.n_new, use_cache=cache)
         model = self.model
-        if beam == 1:
-            return lambda: greedy_search(model, rows, use_cache=cache, **common)
-        return lambda: beam_search(model, rows, beam_size=beam, use_cache=cache, **common)[0]
+        return lambda: generate(model, rows, bos_id=BOS, eos_id=EOS, search=search)
 
     def hf(self, beam: int) -> Callable[[], Tensor]:
         assert self.marian is not None

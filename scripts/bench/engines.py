@@ -90,8 +90,8 @@ def engines(ckpt: Path, work: Path, threads: int) -> dict[str, Any]:
     import transformers
 
     from transformer_mt.checkpoint import load_model
+    from transformer_mt.inference.ctranslate2_engine import CTranslate2Engine
     from transformer_mt.inference.export import export_ctranslate2, export_huggingface
-    from transformer_mt.inference.export_ctranslate2 import CTranslate2Translator
 
     loaded = load_model(ckpt)
     hf_dir = export_huggingface(ckpt, work / "hf", force=True)
@@ -100,8 +100,8 @@ def engines(ckpt: Path, work: Path, threads: int) -> dict[str, Any]:
     return {
         "loaded": loaded,
         "hf": hf,
-        "ct2_float32": CTranslate2Translator(ct2_dir, threads=threads, compute_type="float32"),
-        "ct2_int8": CTranslate2Translator(ct2_dir, threads=threads, compute_type="int8"),
+        "ct2_float32": CTranslate2Engine(ct2_dir, threads=threads, compute_type="float32"),
+        "ct2_int8": CTranslate2Engine(ct2_dir, threads=threads, compute_type="int8"),
     }
 
 
@@ -143,7 +143,7 @@ def random_contenders(
         )
 
     return {
-        "ours": lambda: generate(loaded.model, src, 1, eos, search),
+        "ours": lambda: generate(loaded.model, src, bos_id=1, eos_id=eos, search=search),
         "transformers": hf_generate,
         "ct2_float32": ct2("ct2_float32"),
         "ct2_int8": ct2("ct2_int8"),
@@ -241,14 +241,16 @@ def checkpoint_contenders(
     search = SearchConfig(**{**decoding, "beam_size": beam})
     ours = Translator(loaded, search, max_sentences=batch)
     ids = ours.encode(sources)
-    for name in ("ct2_float32", "ct2_int8"):
-        e[name].search = search
-        e[name].max_tokens = batch * 64
+    # CTranslate2 through the same decode loop, batches of up to 64 tokens per sentence
+    ct2 = {
+        name: Translator(loaded, search, batch * 64, engine=e[name])
+        for name in ("ct2_float32", "ct2_int8")
+    }
     return {
         "ours": lambda n: loaded.tokenizer.decode_hypotheses(ours.translate_ids(ids[:n])),
         "transformers": hf_translator(e, ids, search, batch),
-        "ct2_float32": lambda n: e["ct2_float32"].translate(sources[:n]),
-        "ct2_int8": lambda n: e["ct2_int8"].translate(sources[:n]),
+        "ct2_float32": lambda n: ct2["ct2_float32"].translate(sources[:n]),
+        "ct2_int8": lambda n: ct2["ct2_int8"].translate(sources[:n]),
     }
 
 

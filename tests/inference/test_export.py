@@ -21,6 +21,7 @@ import torch
 from transformer_mt.checkpoint import CHECKPOINT_KEY, load_checkpoint, load_model, save_checkpoint
 from transformer_mt.data.numbers import number_sentences
 from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.inference.decode import best_tokens
 from transformer_mt.inference.export import export_ctranslate2, export_huggingface, main
 from transformer_mt.inference.export_hf import (
     LOGITS_TOLERANCE,
@@ -30,7 +31,7 @@ from transformer_mt.inference.export_hf import (
     to_huggingface,
 )
 from transformer_mt.inference.export_weights import feature_permutation
-from transformer_mt.inference.search import beam_search, greedy_search
+from transformer_mt.inference.search import SearchConfig, generate
 from transformer_mt.inference.translate import Translator
 from transformer_mt.model.embedding import SinusoidalPositionalEncoding
 from transformer_mt.model.transformer import ModelConfig, Transformer
@@ -125,6 +126,11 @@ def hf_dir(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return export_huggingface(ckpt, tmp_path_factory.mktemp("export") / "hf", results)
 
 
+def ours_generate(model: Transformer, src: torch.Tensor, **search) -> torch.Tensor:
+    """Our search's best outputs, ``<eos>``-ended and padded (ids 1/2 are bos/eos)."""
+    return generate(model, src, bos_id=1, eos_id=2, search=SearchConfig(**search))
+
+
 def strip(ids: torch.Tensor, pad: int = 0, bos: int = 1, eos: int = 2) -> list[list[int]]:
     """Generated ids without the start token, up to and including the first ``<eos>``
     (what follows is filler: ours pads, ``generate``'s beam search repeats ``<eos>``)."""
@@ -210,9 +216,11 @@ def test_generate_returns_our_token_ids(exported, beam: int) -> None:
     texts = sources()
     src = source_tensor(ours.tokenizer, texts)
     if beam == 1:
-        mine = greedy_search(ours.model, src, 1, 2, max_len_a=0, max_len_b=CAP)
+        mine = ours_generate(ours.model, src, max_len_a=0, max_len_b=CAP)
     else:  # alpha 0: both rank finished hypotheses by log-probability alone
-        mine, _ = beam_search(ours.model, src, 1, 2, beam, alpha=0.0, max_len_a=0, max_len_b=CAP)
+        mine = ours_generate(
+            ours.model, src, beam_size=beam, length_penalty=0.0, max_len_a=0, max_len_b=CAP
+        )
     with torch.no_grad():
         hf = theirs.generate(
             input_ids=src,
@@ -236,7 +244,7 @@ def test_pre_ln_exports_as_pegasus_with_equal_logits_and_greedy_ids(tmp_path: Pa
     hf, _ = to_huggingface(loaded)
     assert check_logits(loaded, hf, sources(5)) < LOGITS_TOLERANCE
     src = source_tensor(loaded.tokenizer, sources(5))
-    mine = greedy_search(loaded.model, src, 1, 2, max_len_a=0, max_len_b=12)
+    mine = ours_generate(loaded.model, src, max_len_a=0, max_len_b=12)
     with torch.no_grad():
         theirs = hf.generate(input_ids=src, attention_mask=src != 0, num_beams=1, max_new_tokens=12)
     assert strip(mine) == strip(theirs)  # random weights run to the cap: both force <eos> there
@@ -399,51 +407,73 @@ def ct2_dir(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_ctranslate2_greedy_equals_ours(ct2_dir: Path, ckpt: Path) -> None:
-    from transformer_mt.inference.export_ctranslate2 import CTranslate2Translator
-    from transformer_mt.inference.search import SearchConfig
+    from transformer_mt.inference.ctranslate2_engine import CTranslate2Engine
 
     ours = load_model(ckpt)
     search = SearchConfig(beam_size=1)
-    engine = CTranslate2Translator(ct2_dir, search, threads=1)
+    engine = CTranslate2Engine(ct2_dir, threads=1)
+    mine, theirs = Translator(ours, search), Translator(ours, search, engine=engine)
     texts = sources()
-    ids = engine.encode(texts)
-    mine = greedy_search(ours.model, source_tensor(ours.tokenizer, texts), 1, 2)
-    expected = [row[: row.index(2)] for row in strip(mine)]
-    assert engine.translate_ids(ids) == expected
-    assert engine.translate(texts) == ours.tokenizer.decode_hypotheses(expected)
+    ids = mine.encode(texts)
+    expected = strip(ours_generate(ours.model, source_tensor(ours.tokenizer, texts)))
+    expected = [row[:-1] for row in expected]  # without <eos>
+    assert theirs.translate_ids(ids) == mine.translate_ids(ids) == expected
+    assert theirs.translate(texts) == ours.tokenizer.decode_hypotheses(expected)
     # A collated batch (the decode loop's input), with an empty source: empty output.
     src = source_tensor(ours.tokenizer, texts)
     empty = torch.zeros(1, src.size(1), dtype=torch.long)
     empty[0, 0] = 2
-    assert engine.decode_batch({"src": torch.cat([src, empty])}) == [*expected, []]
+    batch = {"src": torch.cat([src, empty])}
+    assert best_tokens(engine.decode_batch(batch, search)) == [*expected, []]
     # A tight per-sentence cap cuts like ours does (max_len_a * source length + max_len_b).
-    tight = CTranslate2Translator(ct2_dir, SearchConfig(beam_size=1, max_len_a=0.3, max_len_b=1))
-    capped = greedy_search(ours.model, source_tensor(ours.tokenizer, texts), 1, 2, 0.3, 1)
-    assert tight.translate_ids(ids) == [[t for t in row if t != 2] for row in strip(capped)]
+    tight = SearchConfig(beam_size=1, max_len_a=0.3, max_len_b=1)
+    assert best_tokens(theirs.decode_ids(ids, tight)) == best_tokens(mine.decode_ids(ids, tight))
 
 
 def test_ctranslate2_refuses_a_model_with_another_tokenizer(ct2_dir: Path, ckpt: Path) -> None:
-    from transformer_mt.inference.export_ctranslate2 import CTranslate2Translator
+    from transformer_mt.inference.ctranslate2_engine import CTranslate2Engine
 
     other = load_model(FIXTURE_V1).tokenizer
     with pytest.raises(ExportError) as err:
-        CTranslate2Translator(ct2_dir, tokenizer=other)
+        CTranslate2Engine(ct2_dir, tokenizer=other)
     assert f"the CTranslate2 model {ct2_dir} was exported from a checkpoint with another " in (
         str(err.value)
     )
     assert "(checkpoint vs model: " in str(err.value)
     with pytest.raises(ExportError, match="unknown compute type 'int3'; on cpu CTranslate2 runs"):
-        CTranslate2Translator(ct2_dir, compute_type="int3")
-    own = CTranslate2Translator(ct2_dir, tokenizer=load_model(ckpt).tokenizer)
+        CTranslate2Engine(ct2_dir, compute_type="int3")
+    own = CTranslate2Engine(ct2_dir, tokenizer=load_model(ckpt).tokenizer)
     assert own.tokenizer.difference(load_model(ckpt).tokenizer) is None
 
 
-def test_ctranslate2_int8_runs(ct2_dir: Path) -> None:
-    from transformer_mt.inference.export_ctranslate2 import CTranslate2Translator
-    from transformer_mt.inference.search import SearchConfig
+def test_ctranslate2_nbest_and_scores_agree_with_ours(ct2_dir: Path, ckpt: Path) -> None:
+    """n-best lists of the same length whose top hypothesis is ours (beam 5, alpha 0), and
+    scores that agree: the search's (alpha 0: log-probabilities) and forced decoding's."""
+    from transformer_mt.inference.ctranslate2_engine import CTranslate2Engine
 
-    engine = CTranslate2Translator(ct2_dir, SearchConfig(beam_size=5), compute_type="int8")
-    out = engine.translate(sources(6))
+    ours = load_model(ckpt)
+    search = SearchConfig(beam_size=5, length_penalty=0.0, nbest=3)
+    mine = Translator(ours, search)
+    theirs = Translator(ours, search, engine=CTranslate2Engine(ct2_dir, threads=1))
+    ids = mine.encode(sources())
+    a, b = mine.decode_ids(ids), theirs.decode_ids(ids)
+    assert [len(h) for h in a] == [len(h) for h in b] == [3] * len(ids)
+    assert best_tokens(a) == best_tokens(b)
+    for x, y in zip(a, b):
+        per_token = abs(x[0].score - y[0].score) / (len(x[0].tokens) + 1)
+        assert per_token < 1e-3
+    targets = [hyps[-1].tokens for hyps in a]  # the third best: not what greedy would say
+    for x, y in zip(mine.score_ids(ids, targets), theirs.score_ids(ids, targets)):
+        assert len(x) == len(y)
+        assert max(abs(p - q) for p, q in zip(x, y)) < 1e-3
+
+
+def test_ctranslate2_int8_runs(ct2_dir: Path, ckpt: Path) -> None:
+    from transformer_mt.inference.ctranslate2_engine import CTranslate2Engine
+
+    engine = CTranslate2Engine(ct2_dir, compute_type="int8")
+    translator = Translator(load_model(ckpt), SearchConfig(beam_size=5), engine=engine)
+    out = translator.translate(sources(6))
     assert len(out) == 6 and all(line.strip() for line in out)
 
 

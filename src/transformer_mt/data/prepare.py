@@ -138,6 +138,7 @@ def decode_loader(
     data: PreparedData,
     name: str,
     limit: int | None,
+    *,
     max_tokens: int | None = None,
     max_sentences: int | None = None,
     rank: int = 0,

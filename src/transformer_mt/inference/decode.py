@@ -1,68 +1,85 @@
-"""The one decode loop: validation/test BLEU in training, evaluate.py and translate.
+"""The one decode loop over the one engine interface: validation, evaluate.py, translate, score.
 
-All three turn batches from :class:`~transformer_mt.data.collate.Collate` (sorted by source
+Every path turns batches from :class:`~transformer_mt.data.collate.Collate` (sorted by source
 length and cut by :func:`~transformer_mt.data.batching.decode_sampler`'s source-token budget,
-sources cut by :func:`~transformer_mt.data.collate.source_limit`) into hypotheses with
-:func:`decode_batch`; :func:`decode` runs it over a whole split and puts the results back in
-input order by ``batch["index"]``. The trainer calls :func:`decode_batch` from its
+sources cut by :func:`~transformer_mt.data.collate.source_limit`) into hypotheses with an
+:class:`Engine`'s ``decode_batch``; :func:`decode` runs it over a whole split and puts the
+results back in input order by ``batch["index"]``. The trainer calls ``decode_batch`` from its
 ``validation_step``/``test_step`` (Lightning drives the loop there) and orders by the same
-index at the end of the epoch, so the three paths cannot drift in padding, cutting, batching
-or the treatment of empty sources.
+index at the end of the epoch, so the paths cannot drift in padding, cutting, batching or the
+treatment of empty sources. :func:`score` does the same for forced decoding (``score_batch``).
+
+Engines: :class:`~transformer_mt.inference.engine.TorchEngine` (one model or an ensemble) and
+:class:`~transformer_mt.inference.ctranslate2_engine.CTranslate2Engine`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-import torch
+from transformer_mt.inference.search import Hypothesis, SearchConfig
 
-from transformer_mt.inference.search import SearchConfig, generate
-from transformer_mt.model.transformer import Transformer
+T = TypeVar("T")
 
 
-@torch.no_grad()
-def decode_batch(
-    model: Transformer, batch: dict[str, Any], bos_id: int, eos_id: int, search: SearchConfig
-) -> list[list[int]]:
-    """Output ids (no ``<bos>``, cut before ``<eos>``) for each row of ``batch["src"]``.
+class Engine(Protocol):
+    """What the decode loop needs from a model: batches in, hypotheses (or scores) out.
 
-    A row with an empty source (``<eos>`` alone) gives an empty output without running the
-    model: there is nothing to translate.
+    ``batch`` is a collated batch: ``batch["src"] (B, S)`` holds source ids + ``<eos>``, padded;
+    a row that is ``<eos>`` alone (an empty source) gives one empty hypothesis with score 0.
     """
-    src = batch["src"].to(next(model.parameters()).device)  # (B, S)
-    out: list[list[int]] = [[] for _ in range(src.size(0))]
-    rows = (src[:, 0] != eos_id).nonzero().squeeze(1).tolist()
-    if not rows:
-        return out
-    if len(rows) < src.size(0):
-        src = src[rows]
-    hyp = generate(model, src, bos_id, eos_id, search).tolist()
-    for row, seq in zip(rows, hyp):
-        out[row] = seq[: seq.index(eos_id)] if eos_id in seq else seq
-    return out
+
+    def decode_batch(self, batch: dict[str, Any], search: SearchConfig) -> list[list[Hypothesis]]:
+        """The ``search.nbest`` best hypotheses of each row, best first."""
+        ...
+
+    def score_batch(self, batch: dict[str, Any]) -> list[list[float]]:
+        """Log-probability of each token of each given target (``batch["tgt"]``: ``<bos>`` +
+        ids + ``<eos>``, padded) under the model: one float per id and one for ``<eos>``."""
+        ...
+
+
+def _in_order(
+    step: Callable[[dict[str, Any]], list[T]],
+    batches: Iterable[dict[str, Any]],
+    progress: Callable[[int], None] | None,
+) -> list[T]:
+    by_index: dict[int, T] = {}
+    for batch in batches:
+        results = step(batch)
+        by_index.update(zip(batch["index"].tolist(), results))
+        if progress is not None:
+            progress(len(results))
+    return [by_index[i] for i in sorted(by_index)]
 
 
 def decode(
-    model: Transformer,
+    engine: Engine,
     batches: Iterable[dict[str, Any]],
-    bos_id: int,
-    eos_id: int,
     search: SearchConfig,
     progress: Callable[[int], None] | None = None,
-) -> list[list[int]]:
-    """Decode every batch; return the output ids in input order (by ``batch["index"]``).
+) -> list[list[Hypothesis]]:
+    """Decode every batch; the n-best lists in input order (by ``batch["index"]``).
 
     Args:
         progress: Called with the number of sentences after each batch.
     """
-    by_index: dict[int, list[int]] = {}
-    for batch in batches:
-        hyps = decode_batch(model, batch, bos_id, eos_id, search)
-        by_index.update(zip(batch["index"].tolist(), hyps))
-        if progress is not None:
-            progress(len(hyps))
-    return [by_index[i] for i in sorted(by_index)]
+    return _in_order(lambda batch: engine.decode_batch(batch, search), batches, progress)
+
+
+def score(
+    engine: Engine,
+    batches: Iterable[dict[str, Any]],
+    progress: Callable[[int], None] | None = None,
+) -> list[list[float]]:
+    """Token log-probabilities of every batch's targets, in input order (forced decoding)."""
+    return _in_order(engine.score_batch, batches, progress)
+
+
+def best_tokens(nbest_lists: Iterable[list[Hypothesis]]) -> list[list[int]]:
+    """The ids of the best hypothesis of each n-best list."""
+    return [hyps[0].tokens for hyps in nbest_lists]
 
 
 class progress_bar:

@@ -22,12 +22,12 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
 from transformer_mt.data.collate import source_limit
@@ -40,9 +40,10 @@ from transformer_mt.files import (
     replaced_lines_warning,
     write_text_atomic,
 )
-from transformer_mt.inference.decode import decode, progress_bar
-from transformer_mt.inference.export_ctranslate2 import open_engine
-from transformer_mt.inference.metrics import corpus_scores
+from transformer_mt.inference.decode import Engine, decode, progress_bar
+from transformer_mt.inference.engine import open_engine
+from transformer_mt.inference.metrics import corpus_scores, oracle_choice
+from transformer_mt.inference.search import Hypothesis, SearchConfig
 from transformer_mt.inference.translate import (
     Translator,
     decoding_from,
@@ -183,7 +184,7 @@ def check_paths(cfg: DictConfig) -> None:
     """Before any work: no output may overwrite or sit inside an input (files.py's rule)."""
     results_path, hyp_path = output_paths(cfg)
     inputs = [
-        ("ckpt_path", cfg.get("ckpt_path")),
+        *(("ckpt_path", path) for path in checkpoint_paths(cfg)),
         ("source_file", cfg.get("source_file")),
         ("reference_file", cfg.get("reference_file")),
         ("engine_model", cfg.get("engine_model")),
@@ -200,129 +201,214 @@ def check_paths(cfg: DictConfig) -> None:
 # ----------------------------------------------------------------------------- pipeline
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Evaluate ``cfg.ckpt_path``; write results.json and the hypotheses; return the results."""
+@dataclass
+class EvalInputs:
+    """What to decode: the source lines, their references (if any) and the batches."""
+
+    sources: list[str]
+    references: list[str] | None
+    batches: Iterable[dict[str, Any]]
+    max_tokens: int | None
+    max_sentences: int | None
+    info: dict[str, Any]
+
+
+def checkpoint_paths(cfg: DictConfig) -> list[Path]:
+    """``ckpt_path``: one path, or a list of paths decoded as an ensemble."""
     if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.get("ckpt_path"):
         raise CheckpointError(
             "no checkpoint given; run `python evaluate.py ckpt_path=PATH`, e.g. "
-            "ckpt_path=outputs/<task>/runs/<time>/checkpoints/last.ckpt"
+            "ckpt_path=outputs/<task>/runs/<time>/checkpoints/last.ckpt (an ensemble: "
+            "ckpt_path=[A.ckpt,B.ckpt])"
         )
+    value = cfg.ckpt_path
+    paths = list(value) if isinstance(value, (list, ListConfig)) else [value]
+    return [Path(str(p)) for p in paths]
+
+
+def _file_inputs(cfg: DictConfig, loaded: list[LoadedModel], engine: Engine) -> EvalInputs:
+    source_file, reference_file = str(cfg.source_file), cfg.get("reference_file")
+    errors = str(cfg.get("errors") or "strict")
+    sources = _read_lines(source_file, "source_file", errors)
+    references = (
+        _read_lines(str(reference_file), "reference_file", errors) if reference_file else None
+    )
+    if references is not None and len(references) != len(sources):
+        raise DataMismatchError(
+            f"source_file has {len(sources)} lines but reference_file has "
+            f"{len(references)}; they must be line-aligned"
+        )
+    batch = cfg.get("batch") or {}
+    translator = Translator(
+        loaded, None, batch.get("max_tokens"), batch.get("sentences"), engine=engine
+    )
+    batches = translator.batches(translator.encode(sources, where=source_file))
+    info = {
+        "source_file": source_file,
+        "reference_file": str(reference_file) if reference_file else None,
+    }
+    return EvalInputs(
+        sources, references, batches, translator.max_tokens, translator.max_sentences, info
+    )
+
+
+def _split_inputs(cfg: DictConfig, loaded: list[LoadedModel]) -> EvalInputs:
+    data, origin = resolve_data_config(cfg.get("data"), loaded[0])
+    check_languages(data, loaded[0])
+    split = str(cfg.get("split", "test"))
+    prepared = load_split(data, loaded[0], split)
+    batch = cfg.get("batch") or {}
+    max_tokens, max_sentences = batch.get("max_tokens"), batch.get("sentences")
+    if max_tokens is None and max_sentences is None:
+        max_tokens = data.eval_max_tokens
+    limit = source_limit(data.max_len, min(m.config.max_len for m in loaded))
+    batches = decode_loader(
+        prepared, split, limit, max_tokens=max_tokens, max_sentences=max_sentences
+    )
+    return EvalInputs(
+        list(prepared.splits[split]["src"]),
+        list(prepared.splits[split]["tgt"]),
+        batches,
+        max_tokens,
+        max_sentences,
+        {"split": split, "origin": origin, "config": data.to_dict()},
+    )
+
+
+def _search(cfg: DictConfig, loaded: LoadedModel) -> SearchConfig:
+    dec = cfg.get("decoding") or {}
+    keys = ("beam_size", "length_penalty", "max_len_a", "max_len_b", "nbest")
+    # The best setting of a decoding sweep fills what the checkpoint stores; decoding.* wins.
+    stored = {**(loaded.decoding or {}), **decoding_from(cfg.get("decoding_from"))}
+    return search_config(stored, **{key: dec.get(key) for key in keys})
+
+
+def _timed_decode(
+    engine: Engine, inputs: EvalInputs, search: SearchConfig, *, device: str, progress: bool
+) -> tuple[list[list[Hypothesis]], float]:
+    """The n-best lists in input order and the wall time of decoding them."""
+    log.info("decoding %d sentences on %s: %s", len(inputs.sources), device, _search_name(search))
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    with progress_bar(progress, len(inputs.sources)) as advance:
+        nbest_lists = decode(engine, inputs.batches, search, advance)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return nbest_lists, time.perf_counter() - start
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Evaluate ``cfg.ckpt_path``; write results.json and the hypotheses; return the results."""
+    paths = checkpoint_paths(cfg)
     check_paths(cfg)
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     device = resolve_device(cfg.get("device", "auto"))
-    ckpt_path = Path(str(cfg.ckpt_path))
-    loaded = load_model(ckpt_path, device)
-    dec = cfg.get("decoding") or {}
-    search = search_config(
-        # The best setting of a decoding sweep fills what the checkpoint stores; decoding.* wins.
-        {**(loaded.decoding or {}), **decoding_from(cfg.get("decoding_from"))},
-        beam_size=dec.get("beam_size"),
-        length_penalty=dec.get("length_penalty"),
-        max_len_a=dec.get("max_len_a"),
-        max_len_b=dec.get("max_len_b"),
+    loaded = [load_model(path, device) for path in paths]
+    search = _search(cfg, loaded[0])
+    engine = open_engine(
+        cfg.get("engine"),
+        loaded,
+        ct2_model=cfg.get("engine_model"),
+        compute_type=cfg.get("compute_type"),
+        threads=cfg.get("threads"),
     )
-    batch = cfg.get("batch") or {}
-    max_tokens, max_sentences = batch.get("max_tokens"), batch.get("sentences")
-
-    source_file = cfg.get("source_file")
-    progress = bool(cfg.get("progress", True))
-    if source_file:
-        errors = str(cfg.get("errors") or "strict")
-        sources = _read_lines(str(source_file), "source_file", errors)
-        reference_file = cfg.get("reference_file")
-        references = (
-            _read_lines(str(reference_file), "reference_file", errors) if reference_file else None
-        )
-        if references is not None and len(references) != len(sources):
-            raise DataMismatchError(
-                f"source_file has {len(sources)} lines but reference_file has "
-                f"{len(references)}; they must be line-aligned"
-            )
-        translator = Translator(loaded, search, max_tokens, max_sentences)
-        batches: Iterable[dict[str, Any]] = translator.batches(
-            translator.encode(sources, where=str(source_file))
-        )
-        max_tokens = translator.max_tokens
-        data_info: dict[str, Any] = {
-            "source_file": str(source_file),
-            "reference_file": str(reference_file) if reference_file else None,
-        }
-    else:
-        data, origin = resolve_data_config(cfg.get("data"), loaded)
-        check_languages(data, loaded)
-        split = str(cfg.get("split", "test"))
-        prepared = load_split(data, loaded, split)
-        sources, references = (
-            list(prepared.splits[split]["src"]),
-            list(prepared.splits[split]["tgt"]),
-        )
-        if max_tokens is None and max_sentences is None:
-            max_tokens = data.eval_max_tokens
-        limit = source_limit(data.max_len, loaded.config.max_len)
-        batches = decode_loader(prepared, split, limit, max_tokens, max_sentences)
-        data_info = {"split": split, "origin": origin, "config": data.to_dict()}
-
-    if not sources:  # a score of nothing would read as a result
-        where = source_file or f"split {cfg.get('split', 'test')!r}"
+    inputs = (
+        _file_inputs(cfg, loaded, engine) if cfg.get("source_file") else _split_inputs(cfg, loaded)
+    )
+    if not inputs.sources:  # a score of nothing would read as a result
+        where = cfg.get("source_file") or f"split {cfg.get('split', 'test')!r}"
         raise DataMismatchError(
             f"nothing to evaluate: {where} has no lines; pass a file or split with sentences"
         )
-    log.info("decoding %d sentences on %s: %s", len(sources), device, _search_name(search))
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    tok = loaded.tokenizer
-    engine = open_engine(
-        cfg.get("engine"), ckpt_path, search, cfg.get("engine_model"),
-        compute_type=cfg.get("compute_type"), threads=cfg.get("threads"),
-        tokenizer=loaded.tokenizer,
-    )  # fmt: skip
-    with progress_bar(progress, len(sources)) as advance:
-        if engine is not None:  # CTranslate2 over the same batches
-            hyp_ids = engine.decode(batches, advance)
-        else:
-            hyp_ids = decode(loaded.model, batches, tok.bos_id, tok.eos_id, search, advance)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    hypotheses = loaded.tokenizer.decode_hypotheses(hyp_ids)
+    progress = bool(cfg.get("progress", True))
+    nbest_lists, elapsed = _timed_decode(engine, inputs, search, device=device, progress=progress)
+    texts = _texts(loaded[0].tokenizer, nbest_lists)
+    results = _results(cfg, loaded, inputs, search, device=device, elapsed=elapsed)
+    if inputs.references is not None:
+        results.update(_metrics(texts, inputs.references))
+    _write_outputs(cfg, results, texts, nbest_lists)
+    _print_table(results)
+    return results
 
-    results: dict[str, Any] = {
-        "checkpoint": {
-            "path": str(ckpt_path),
-            "global_step": loaded.global_step,
-            "epoch": loaded.epoch,
-            "src_lang": loaded.src_lang,
-            "tgt_lang": loaded.tgt_lang,
-            "parameters": loaded.model.num_parameters(),
-        },
-        "data": data_info,
-        "decoding": {
-            **asdict(search),
-            "max_tokens": max_tokens,
-            "batch_sentences": max_sentences,
-            "device": device,
-            "engine": str(cfg.get("engine") or "torch"),
-        },
-        "n_sentences": len(sources),
-        "decoding_time_s": round(elapsed, 4),
-        "sentences_per_s": round(len(sources) / elapsed, 2) if elapsed > 0 else None,
+
+def _texts(tokenizer: Any, nbest_lists: list[list[Hypothesis]]) -> list[list[str]]:
+    """The n-best lists as text (one decode call for all of them)."""
+    flat = iter(tokenizer.decode_hypotheses([h.tokens for hyps in nbest_lists for h in hyps]))
+    return [[next(flat) for _ in hyps] for hyps in nbest_lists]
+
+
+def _results(
+    cfg: DictConfig,
+    loaded: list[LoadedModel],
+    inputs: EvalInputs,
+    search: SearchConfig,
+    *,
+    device: str,
+    elapsed: float,
+) -> dict[str, Any]:
+    first, n = loaded[0], len(inputs.sources)
+    checkpoint = {
+        "path": str(first.path),
+        "global_step": first.global_step,
+        "epoch": first.epoch,
+        "src_lang": first.src_lang,
+        "tgt_lang": first.tgt_lang,
+        "parameters": first.model.num_parameters(),
     }
-    if references is not None:
-        scores = corpus_scores(hypotheses, references)
-        results["metrics"] = {"bleu": scores.bleu, "bleu_lc": scores.bleu_lc, "chrf": scores.chrf}
-        results["signature"] = {"bleu": scores.bleu_signature, "chrf": scores.chrf_signature}
+    if len(loaded) > 1:
+        checkpoint["ensemble"] = [str(m.path) for m in loaded]
+    decoding = {
+        **asdict(search),
+        "max_tokens": inputs.max_tokens,
+        "batch_sentences": inputs.max_sentences,
+        "device": device,
+        "engine": str(cfg.get("engine") or "torch"),
+    }
+    return {
+        "checkpoint": checkpoint,
+        "data": inputs.info,
+        "decoding": decoding,
+        "n_sentences": n,
+        "decoding_time_s": round(elapsed, 4),
+        "sentences_per_s": round(n / elapsed, 2) if elapsed > 0 else None,
+    }
 
+
+def _metrics(texts: list[list[str]], references: list[str]) -> dict[str, Any]:
+    """BLEU, lowercased BLEU and chrF of the 1-best; the n-best list's oracle BLEU."""
+    scores = corpus_scores([hyps[0] for hyps in texts], references)
+    metrics = {"bleu": scores.bleu, "bleu_lc": scores.bleu_lc, "chrf": scores.chrf}
+    if any(len(hyps) > 1 for hyps in texts):
+        metrics["oracle_bleu"] = corpus_scores(oracle_choice(texts, references), references).bleu
+    signature = {"bleu": scores.bleu_signature, "chrf": scores.chrf_signature}
+    return {"metrics": metrics, "signature": signature}
+
+
+def _write_outputs(
+    cfg: DictConfig,
+    results: dict[str, Any],
+    texts: list[list[str]],
+    nbest_lists: list[list[Hypothesis]],
+) -> None:
+    """hypotheses.txt (1-best), nbest.txt (with decoding.nbest > 1), then results.json."""
     results_path, hyp_path = output_paths(cfg)
     results["hypotheses_path"] = str(hyp_path)
     for path in (results_path, hyp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(hyp_path, "".join(h + "\n" for h in hypotheses))
+    write_text_atomic(hyp_path, "".join(hyps[0] + "\n" for hyps in texts))
+    if results["decoding"]["nbest"] > 1:
+        nbest_path = hyp_path.with_name("nbest.txt")
+        lines = (
+            f"{i}\t{rank}\t{h.score:.4f}\t{text}\n"
+            for i, (hyps, strings) in enumerate(zip(nbest_lists, texts))
+            for rank, (h, text) in enumerate(zip(hyps, strings), start=1)
+        )
+        write_text_atomic(nbest_path, "".join(lines))
+        results["nbest_path"] = str(nbest_path)
     write_text_atomic(results_path, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     results["results_path"] = str(results_path)
-    _print_table(results)
-    return results
 
 
 def _search_name(search: Any) -> str:

@@ -46,3 +46,22 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Score
         chrf_signature=str(chrf.get_signature()),
         n_sentences=len(hyps),
     )
+
+
+def oracle_choice(nbest: Sequence[Sequence[str]], references: Sequence[str]) -> list[str]:
+    """Per sentence, the n-best hypothesis with the highest sentence BLEU against its reference.
+
+    The corpus BLEU of the choices is the usual "oracle BLEU" of an n-best list: how far
+    reranking the list could go. Choosing per sentence only approximates the best corpus BLEU
+    (BLEU does not add over sentences). Ties keep the better-ranked hypothesis.
+    """
+    if len(nbest) != len(references):
+        raise ValueError(
+            f"{len(nbest)} n-best lists but {len(references)} references; they must align"
+        )
+    bleu = sacrebleu.metrics.BLEU(effective_order=True)
+    choices = []
+    for hyps, ref in zip(nbest, references):
+        scores = [bleu.sentence_score(h, [ref]).score for h in hyps]
+        choices.append(hyps[scores.index(max(scores))])
+    return choices

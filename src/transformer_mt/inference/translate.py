@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import logging
 import re
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
@@ -38,8 +39,9 @@ from transformer_mt.files import (
     decode_lines,
     replaced_lines_warning,
 )
-from transformer_mt.inference.decode import decode, progress_bar
-from transformer_mt.inference.search import SearchConfig
+from transformer_mt.inference.decode import Engine, best_tokens, decode, progress_bar, score
+from transformer_mt.inference.engine import TorchEngine
+from transformer_mt.inference.search import Hypothesis, SearchConfig
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +115,33 @@ def stored_data_config(loaded: LoadedModel) -> DataConfig | None:
         raise CheckpointError(f"{loaded.path} holds an invalid data config: {err}") from None
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """One hypothesis as text: its detokenized text, score and target tokens (subwords)."""
+
+    text: str
+    score: float
+    tokens: list[str]
+
+
+@dataclass(frozen=True)
+class Translation:
+    """The translation of one line: its n-best list, best first (one entry without n-best)."""
+
+    source: str
+    hypotheses: list[Candidate]
+
+    @property
+    def text(self) -> str:
+        return self.hypotheses[0].text
+
+    @property
+    def score(self) -> float:
+        return self.hypotheses[0].score
+
+
 class Translator:
-    """Batched translation with a loaded checkpoint, through the one decode loop.
+    """Batched translation with a loaded checkpoint (or an ensemble), through the decode loop.
 
     Sources are cut like the test split of training (:func:`source_limit` of the stored
     ``data.max_len`` and the model's ``max_len``) and batched like it (the stored
@@ -122,34 +149,42 @@ class Translator:
     hypotheses evaluate.py and the trainer score.
 
     Args:
-        loaded: the model and tokenizer (:func:`transformer_mt.checkpoint.load_model`).
-        search: decoding options (beam_size 1 = greedy).
+        loaded: the model and tokenizer (:func:`transformer_mt.checkpoint.load_model`), or
+            several checkpoints sharing one tokenizer: an ensemble (the first one's stored
+            decoding and data config are the defaults).
+        search: default decoding options (beam_size 1 = greedy).
         max_tokens: padded source tokens per batch (default when neither bound is given: the
             checkpoint's ``data.eval_max_tokens``, else 4096).
         max_sentences: sentences per batch (instead of, or on top of, ``max_tokens``).
+        engine: the :class:`~transformer_mt.inference.decode.Engine` (default: our torch
+            search over the loaded model(s); :func:`~transformer_mt.inference.engine.open_engine`
+            builds the others).
     """
 
     def __init__(
         self,
-        loaded: LoadedModel,
+        loaded: LoadedModel | Sequence[LoadedModel],
         search: SearchConfig | None = None,
         max_tokens: int | None = None,
         max_sentences: int | None = None,
+        *,
+        engine: Engine | None = None,
     ) -> None:
         if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if max_sentences is not None and max_sentences < 1:
             raise ValueError(f"batch size in sentences must be >= 1, got {max_sentences}")
-        self.loaded = loaded
-        self.model = loaded.model
-        self.tokenizer = loaded.tokenizer
-        self.search = search or search_config(loaded.decoding)
-        data = stored_data_config(loaded)
+        models = [loaded] if isinstance(loaded, LoadedModel) else list(loaded)
+        self.loaded, self.tokenizer = models[0], models[0].tokenizer
+        self.engine = engine if engine is not None else TorchEngine.from_loaded(models)
+        self.search = search or search_config(self.loaded.decoding)
+        data = stored_data_config(self.loaded)
         if max_tokens is None and max_sentences is None:
             max_tokens = DEFAULT_MAX_TOKENS if data is None else data.eval_max_tokens
         self.max_tokens, self.max_sentences = max_tokens, max_sentences
         #: source ids kept per sentence: the rule of every decoding path
-        self.limit = source_limit(None if data is None else data.max_len, loaded.config.max_len)
+        model_max_len = min(m.config.max_len for m in models)
+        self.limit = source_limit(None if data is None else data.max_len, model_max_len)
         tok = self.tokenizer
         self.collate = Collate(tok.pad_id, tok.bos_id, tok.eos_id, self.limit)
 
@@ -175,49 +210,89 @@ class Translator:
             log.warning("... %d long lines truncated in all", len(long_lines))
         return [seq[:limit] for seq in ids]
 
-    def batches(self, ids: Sequence[Sequence[int]]) -> Iterator[dict[str, Any]]:
-        """Collated batches of ``ids`` in the order every decoding path uses."""
+    def batches(
+        self, ids: Sequence[Sequence[int]], targets: Sequence[Sequence[int]] | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Collated batches of ``ids`` (and ``targets``) in the order every decoding path uses.
+
+        With targets (forced decoding), the budget counts the longer side of each pair.
+        """
         limit = self.limit
         lengths = [(len(s) if limit is None else min(len(s), limit)) + 1 for s in ids]  # + <eos>
+        if targets is not None:
+            lengths = [max(n, len(t) + 1) for n, t in zip(lengths, targets)]
         for batch in decode_sampler(lengths, self.max_tokens, self.max_sentences):
-            yield self.collate({"src_ids": [ids[i] for i in batch], "index": batch})
+            columns: dict[str, Any] = {"src_ids": [ids[i] for i in batch], "index": batch}
+            if targets is not None:
+                columns["tgt_ids"] = [targets[i] for i in batch]
+            yield self.collate(columns)
+
+    def decode_ids(
+        self,
+        ids: Sequence[Sequence[int]],
+        search: SearchConfig | None = None,
+        *,
+        progress: bool = False,
+    ) -> list[list[Hypothesis]]:
+        """The n-best list of each source id list, in order (``search``: default the
+        translator's). Empty sources give one empty hypothesis without running the model."""
+        if not ids:
+            return []
+        with progress_bar(progress, len(ids)) as advance:
+            return decode(self.engine, self.batches(ids), search or self.search, advance)
 
     def translate_ids(
         self, ids: Sequence[Sequence[int]], progress: bool = False
     ) -> list[list[int]]:
-        """Output ids (no ``<bos>``, cut before ``<eos>``) for each source id list, in order.
+        """Output ids (no ``<bos>``, cut before ``<eos>``) of the best hypothesis, in order."""
+        return best_tokens(self.decode_ids(ids, progress=progress))
 
-        Empty sources give empty outputs without running the model.
+    def translate_batch(
+        self, lines: Sequence[str], search: SearchConfig | None = None, *, progress: bool = False
+    ) -> list[Translation]:
+        """Each line's :class:`Translation` (text, score and the ``search.nbest`` best), in order.
+
+        ``search`` overrides the translator's default for this call (e.g. per request).
         """
-        if not ids:
-            return []
-        tok = self.tokenizer
-        with progress_bar(progress, len(ids)) as advance:
-            return decode(
-                self.model, self.batches(ids), tok.bos_id, tok.eos_id, self.search, advance
+        nbest_lists = self.decode_ids(self.encode(lines), search, progress=progress)
+        flat = [h for hyps in nbest_lists for h in hyps]
+        texts = iter(self.tokenizer.decode_hypotheses([h.tokens for h in flat]))
+        vocab = self.tokenizer.tgt
+        return [
+            Translation(
+                line,
+                [
+                    Candidate(next(texts), h.score, [vocab.id_to_token(t) for t in h.tokens])
+                    for h in hyps
+                ],
             )
+            for line, hyps in zip(lines, nbest_lists)
+        ]
 
     def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
         """One translation per line, in order; never a line break inside a translation."""
         return self.tokenizer.decode_hypotheses(self.translate_ids(self.encode(lines), progress))
 
-    @torch.no_grad()
+    def score_ids(
+        self,
+        sources: Sequence[Sequence[int]],
+        targets: Sequence[Sequence[int]],
+        *,
+        progress: bool = False,
+    ) -> list[list[float]]:
+        """Log-probability of each target token (``<eos>`` last) given its source, in order.
+
+        Forced decoding, batched like translation; sources are cut to :attr:`limit` by the
+        collate, targets must fit the model (at most ``max_len - 1`` ids).
+        """
+        with progress_bar(progress, len(sources), "scoring") as advance:
+            return score(self.engine, self.batches(sources, targets), advance)
+
     def log_probs(
         self, sources: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]
     ) -> list[float]:
-        """Model log-probability of each output (``<eos>`` included) given its source.
-
-        A teacher-forced forward pass, one sentence at a time (for tests and diagnostics).
-        """
-        bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
-        scores = []
-        for src_ids, out_ids in zip(sources, outputs):
-            src = self.collate({"src_ids": [src_ids], "index": [0]})["src"].to(self.device)
-            tgt = torch.tensor([[bos, *out_ids, eos]], device=self.device)  # (1, T + 1)
-            logits = self.model(src, tgt[:, :-1])  # (1, T, V)
-            lp = logits.float().log_softmax(-1).gather(-1, tgt[:, 1:, None])  # (1, T, 1)
-            scores.append(float(lp.sum()))
-        return scores
+        """Model log-probability of each output (``<eos>`` included) given its source."""
+        return [sum(token_scores) for token_scores in self.score_ids(sources, outputs)]
 
 
 # ----------------------------------------------------------------------------- command line
@@ -234,6 +309,31 @@ def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of every command that decodes or scores with checkpoints."""
+    parser.add_argument(
+        "--ckpt",
+        required=True,
+        action="append",
+        help="checkpoint (.ckpt) written by train.py; repeat it for an ensemble (the models' "
+        "log-probabilities are averaged; they must share the tokenizer)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        help="padded source tokens per batch (default: the checkpoint's data.eval_max_tokens)",
+    )
+    parser.add_argument("--batch-size", type=int, help="sentences per batch (instead of tokens)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
+    parser.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only errors on stderr")
+    parser.add_argument(
+        "--engine", choices=("torch", "ctranslate2"), default="torch", help="decoding engine"
+    )
+    parser.add_argument("--ct2-model", help="CTranslate2 dir of transformer-mt-export (optional)")
+    parser.add_argument("--compute-type", help="CTranslate2 weights: int8, float32, ...")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="transformer-mt-translate",
@@ -244,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="example: transformer-mt-translate --ckpt run/checkpoints/last.ckpt < in.en > out.de",
     )
-    parser.add_argument("--ckpt", required=True, help="checkpoint (.ckpt) written by train.py")
+    add_model_arguments(parser)
     parser.add_argument(
         "-i", "--input", default="-", help="input file, one sentence a line ('-' = stdin)"
     )
@@ -260,25 +360,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-len-a", type=float, help="output length cap a * src_len + b: a")
     parser.add_argument("--max-len-b", type=int, help="output length cap a * src_len + b: b")
     parser.add_argument(
-        "--max-tokens",
+        "--nbest",
         type=int,
-        help="padded source tokens per batch (default: the checkpoint's data.eval_max_tokens)",
+        help="write the K best hypotheses of each line (K <= beam size) as "
+        "index<TAB>rank<TAB>score<TAB>translation lines (index from 0, rank from 1)",
     )
-    parser.add_argument("--batch-size", type=int, help="sentences per batch (instead of tokens)")
+    parser.add_argument(
+        "--format",
+        choices=("text", "jsonl"),
+        default="text",
+        help='jsonl: one {"index", "source", "hypotheses": [{"text", "score", "tokens"}]} '
+        "object per input line",
+    )
     parser.add_argument(
         "--buffer-size",
         type=int,
         default=10000,
         help="lines read, sorted and translated at a time (default 10000)",
     )
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
-    parser.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
-    parser.add_argument("-q", "--quiet", action="store_true", help="only errors on stderr")
-    parser.add_argument(
-        "--engine", choices=("torch", "ctranslate2"), default="torch", help="decoding engine"
-    )
-    parser.add_argument("--ct2-model", help="CTranslate2 dir of transformer-mt-export (optional)")
-    parser.add_argument("--compute-type", help="CTranslate2 weights: int8, float32, ...")
     parser.add_argument(
         "--errors",
         choices=TEXT_ERRORS,
@@ -348,44 +447,82 @@ def in_flag_syntax(message: str) -> str:
     return message
 
 
-def _open_translator(args: argparse.Namespace) -> Any:
-    """The engine the options ask for; refuses unsafe paths before loading anything."""
+def open_translator(args: argparse.Namespace) -> Translator:
+    """Load ``args.ckpt`` (one or an ensemble) and its engine, as the command line asks.
+
+    Raises:
+        ValueError: CTranslate2 options without ``--engine ctranslate2``, or an engine that
+            cannot decode these checkpoints.
+    """
+    from transformer_mt.inference.engine import open_engine
+
+    for flag, value in (("--ct2-model", args.ct2_model), ("--compute-type", args.compute_type)):
+        if value is not None and args.engine != "ctranslate2":
+            raise ValueError(f"{flag} applies to --engine ctranslate2 only; add it")
+    device = resolve_device(args.device)
+    loaded = [load_model(path, device) for path in args.ckpt]
+    engine = open_engine(
+        args.engine, loaded, ct2_model=args.ct2_model, compute_type=args.compute_type
+    )
+    return Translator(loaded, None, args.max_tokens, args.batch_size, engine=engine)
+
+
+def _open_translator(args: argparse.Namespace) -> tuple[Translator, SearchConfig]:
+    """The translator and search the options ask for; refuses unsafe paths before loading."""
     check_outputs_apart(
         [("--output", args.output)],
-        [("--input", args.input), ("--ckpt", args.ckpt), ("--ct2-model", args.ct2_model)],
+        [
+            ("--input", args.input),
+            *(("--ckpt", c) for c in args.ckpt),
+            ("--ct2-model", args.ct2_model),
+        ],
     )
     check_output_file(args.output, "--output")
     _check_input_text(args.input, args.errors)
     if args.buffer_size < 1:
         raise ValueError(f"--buffer-size must be >= 1, got {args.buffer_size}")
-    for flag, value in (("--ct2-model", args.ct2_model), ("--compute-type", args.compute_type)):
-        if value is not None and args.engine != "ctranslate2":
-            raise ValueError(f"{flag} applies to --engine ctranslate2 only; add it")
     try:
-        device = resolve_device(args.device)
-        loaded = load_model(args.ckpt, device)
+        translator = open_translator(args)
         search = search_config(
-            {**(loaded.decoding or {}), **decoding_from(args.decoding_from)},
+            {**(translator.loaded.decoding or {}), **decoding_from(args.decoding_from)},
             beam_size=1 if args.greedy else args.beam_size,
             length_penalty=args.length_penalty,
             max_len_a=args.max_len_a,
             max_len_b=args.max_len_b,
+            nbest=args.nbest,
         )
     except ValueError as err:
         raise type(err)(in_flag_syntax(str(err))) from None
-    translator: Any = Translator(loaded, search, args.max_tokens, args.batch_size)
-    if args.engine != "torch":  # the same tokenizer, caps and banned tokens
-        from transformer_mt.inference.export_ctranslate2 import open_engine
-
-        translator = open_engine(
-            args.engine, args.ckpt, search, args.ct2_model,
-            compute_type=args.compute_type, max_tokens=translator.max_tokens,
-            tokenizer=loaded.tokenizer,
-        )  # fmt: skip
-    return translator
+    return translator, search
 
 
-def _error(err: BaseException) -> int:
+def format_translation(translation: Translation, index: int, args: argparse.Namespace) -> str:
+    """The output lines of one input line: text, n-best TSV or a JSON object."""
+    if args.format == "jsonl":
+        hyps = [
+            {"text": h.text, "score": round(h.score, 6), "tokens": h.tokens}
+            for h in translation.hypotheses
+        ]
+        record = {"index": index, "source": translation.source, "hypotheses": hyps}
+        return json.dumps(record, ensure_ascii=False) + "\n"
+    if args.nbest is None:
+        return translation.text + "\n"
+    return "".join(
+        f"{index}\t{rank}\t{h.score:.4f}\t{h.text}\n"
+        for rank, h in enumerate(translation.hypotheses, start=1)
+    )
+
+
+def configure_logging(quiet: bool) -> None:
+    logging.basicConfig(
+        level=logging.ERROR if quiet else logging.WARNING,
+        format="%(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def user_error(err: BaseException) -> int:
+    """Print the one ``error:`` line of a user mistake; the exit status for it."""
     from transformer_mt.errors import EXIT_USER_ERROR, one_line
 
     print(f"error: {one_line(err)}", file=sys.stderr)
@@ -400,29 +537,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     for train.py and evaluate.py (transformer_mt.errors); Ctrl-C gives 130.
     """
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.ERROR if args.quiet else logging.WARNING,
-        format="%(levelname)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(args.quiet)
     try:
-        translator = _open_translator(args)
+        translator, search = _open_translator(args)
         source = _open_input(args.input)
     except (CheckpointError, ValueError, OSError) as err:
-        return _error(err)
+        return user_error(err)
     start, count, replaced = time.perf_counter(), 0, []
     lines = decode_lines(source, args.input, errors=args.errors, replaced=replaced, fix=ERRORS_FIX)
     try:
         with _open_output(args.output) as sink:
             for chunk in _chunks(lines, args.buffer_size):
-                for line in translator.translate(chunk, progress=args.progress):
-                    sink.write(line + "\n")
+                for translation in translator.translate_batch(
+                    chunk, search, progress=args.progress
+                ):
+                    sink.write(format_translation(translation, count, args))
+                    count += 1
                 sink.flush()
-                count += len(chunk)
     except KeyboardInterrupt:
         return 130
     except (ValueError, OSError) as err:  # bytes that are not UTF-8 on stdin, a full disk
-        return _error(err)
+        return user_error(err)
     finally:
         if args.input != "-":
             source.close()

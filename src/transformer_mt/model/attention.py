@@ -158,7 +158,7 @@ class MultiHeadAttention(nn.Module):
             # The fused kernel builds the causal structure itself (no mask tensor to read).
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         else:
-            mask = _combine_masks(mask, is_causal, memory is not None, T, T_k, q.device)
+            mask = _combine_masks(mask, q, k, is_causal=is_causal, cross=memory is not None)
             if explicit:
                 out, _ = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # (B, H, T, d_v)
             else:
@@ -192,7 +192,7 @@ class MultiHeadAttention(nn.Module):
         """
         (q,) = self._project(x, self.q_proj)  # (B, H, T, d_k)
         (k,) = self._project(x if memory is None else memory, self.k_proj)  # (B, H, T_k, d_k)
-        mask = _combine_masks(mask, is_causal, memory is not None, q.size(2), k.size(2), q.device)
+        mask = _combine_masks(mask, q, k, is_causal=is_causal, cross=memory is not None)
         return attention_weights(q, k, mask)  # (B, H, T, T_k)
 
     def _qkv(
@@ -240,9 +240,13 @@ class MultiHeadAttention(nn.Module):
 
 
 def _combine_masks(
-    mask: Tensor | None, is_causal: bool, cross: bool, T: int, T_k: int, device: torch.device
+    mask: Tensor | None, q: Tensor, k: Tensor, *, is_causal: bool, cross: bool
 ) -> Tensor | None:
-    """Check ``mask`` and add the causal structure: the mask to apply, ``(B|1, H|1, T, T_k)``."""
+    """Check ``mask`` and add the causal structure: the mask to apply, ``(B|1, H|1, T, T_k)``.
+
+    ``q (B, H, T, d_k)`` and ``k (B, H, T_k, d_k)`` give the sizes and the device.
+    """
+    T, T_k = q.size(2), k.size(2)
     if mask is not None:
         if mask.dtype != torch.bool:
             raise ValueError(
@@ -261,7 +265,7 @@ def _combine_masks(
     if not is_causal or T == 1:  # one new query (cached decoding) may see every cached key
         return mask
     # Queries are the last T of T_k positions (T_k > T when keys come from a cache).
-    causal = torch.ones(T, T_k, dtype=torch.bool, device=device).tril(T_k - T)  # (T, T_k)
+    causal = torch.ones(T, T_k, dtype=torch.bool, device=q.device).tril(T_k - T)  # (T, T_k)
     return causal[None, None] if mask is None else mask & causal  # (B|1, H|1, T, T_k)
 
 

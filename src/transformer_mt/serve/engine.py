@@ -10,7 +10,6 @@ CTranslate2 engine, the same source cut and the same tokenizer.
 
 from __future__ import annotations
 
-import copy
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch
 from transformer_mt.checkpoint import build_model, load_checkpoint
 from transformer_mt.inference.attention_maps import KINDS, record_maps
 from transformer_mt.inference.averaging import stored_val_bleu
-from transformer_mt.inference.export_ctranslate2 import open_engine
+from transformer_mt.inference.engine import open_engine
 from transformer_mt.inference.search import SearchConfig
 from transformer_mt.inference.translate import Translator, search_config
 
@@ -67,12 +66,11 @@ class ServedModel:
         del checkpoint
         self.engine = engine
         self.defaults = search_config(self.loaded.decoding)
-        self.translator = Translator(self.loaded, self.defaults, max_tokens)
-        self.ct2 = open_engine(
-            engine, ckpt, self.defaults, ct2_model,
-            compute_type=compute_type, threads=threads, max_tokens=self.translator.max_tokens,
-        )  # fmt: skip
-        self.compute_type = compute_type or ("default" if self.ct2 is not None else None)
+        decoder = open_engine(
+            engine, [self.loaded], ct2_model=ct2_model, compute_type=compute_type, threads=threads
+        )
+        self.translator = Translator(self.loaded, self.defaults, max_tokens, engine=decoder)
+        self.compute_type = compute_type or ("default" if engine != "torch" else None)
         self.threads = threads
 
     def _pin_threads(self) -> None:
@@ -102,12 +100,7 @@ class ServedModel:
         """One translation per line, in order (blocking: call it from the worker thread)."""
         search = self.search(options)
         self._pin_threads()
-        if self.ct2 is None:
-            engine: Any = Translator(self.loaded, search, self.translator.max_tokens)
-        else:  # a view of the loaded CTranslate2 model with this request's options
-            engine = copy.copy(self.ct2)
-            engine.search = search
-        return engine.translate(lines)
+        return [t.text for t in self.translator.translate_batch(lines, search)]
 
     def attention(self, source: str, translation: str) -> dict[str, Any]:
         """Every attention weight of a teacher-forced pass over ``source`` -> ``translation``.

@@ -19,7 +19,8 @@ from torch import Tensor
 
 from transformer_mt.checkpoint import CHECKPOINT_KEY, write_metadata
 from transformer_mt.data.tokenizer import Tokenizer
-from transformer_mt.inference.decode import decode_batch
+from transformer_mt.inference.decode import best_tokens
+from transformer_mt.inference.engine import TorchEngine
 from transformer_mt.inference.metrics import corpus_scores
 from transformer_mt.model.transformer import ModelConfig, Transformer
 from transformer_mt.training.budget import find_budget
@@ -207,9 +208,8 @@ class TranslationModule(pl.LightningModule):
             return
         # The decode loop of evaluate.py and translate, one batch at a time (Lightning drives
         # the loop here); _eval_end puts the outputs back in corpus order by index.
-        hyp_ids = decode_batch(
-            self.model, batch, self.tokenizer.bos_id, self.tokenizer.eos_id, self.search
-        )
+        engine = TorchEngine(self.model, bos_id=self.tokenizer.bos_id, eos_id=self.tokenizer.eos_id)
+        hyp_ids = best_tokens(engine.decode_batch(batch, self.search))
         hyps = self.tokenizer.decode_hypotheses(hyp_ids)
         for i, src, ref, hyp in zip(
             batch["index"].tolist(), batch["src_text"], batch["tgt_text"], hyps

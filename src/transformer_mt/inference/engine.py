@@ -1,0 +1,157 @@
+"""The torch engine (one model or an ensemble) and the choice of engine for the commands.
+
+:class:`TorchEngine` implements :class:`~transformer_mt.inference.decode.Engine` with our
+search (:mod:`transformer_mt.inference.search`) and teacher-forced scoring. Several
+checkpoints form an ensemble: the models' log-probabilities are averaged at each step, each
+model with its own key/value cache; :func:`check_ensemble` refuses checkpoints that do not share
+the tokenizer, since their ids would mean different words.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from transformer_mt.checkpoint import CheckpointError, LoadedModel
+from transformer_mt.inference.decode import Engine
+from transformer_mt.inference.search import Hypothesis, SearchConfig, as_models, search_batch
+from transformer_mt.model.transformer import Transformer
+
+#: Decoding engines of evaluate.py (``engine=``) and the commands' ``--engine``.
+ENGINES = ("torch", "ctranslate2")
+
+
+class TorchEngine:
+    """Decode and score with one :class:`Transformer` or an ensemble of them.
+
+    Args:
+        models: A model, or several sharing one tokenizer (see :func:`check_ensemble`).
+        bos_id, eos_id: The tokenizer's special ids.
+    """
+
+    def __init__(
+        self, models: Transformer | Sequence[Transformer], *, bos_id: int, eos_id: int
+    ) -> None:
+        self.models = as_models(models)
+        self.bos_id, self.eos_id = bos_id, eos_id
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel | Sequence[LoadedModel]) -> TorchEngine:
+        """The engine of one loaded checkpoint or an ensemble of them (checked)."""
+        loaded = [loaded] if isinstance(loaded, LoadedModel) else list(loaded)
+        check_ensemble(loaded)
+        tok = loaded[0].tokenizer
+        return cls([m.model for m in loaded], bos_id=tok.bos_id, eos_id=tok.eos_id)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.models[0].parameters()).device
+
+    @torch.no_grad()
+    def decode_batch(self, batch: dict[str, Any], search: SearchConfig) -> list[list[Hypothesis]]:
+        """:meth:`~transformer_mt.inference.decode.Engine.decode_batch` with our search.
+
+        A row with an empty source (``<eos>`` alone) gives an empty hypothesis without running
+        the models: there is nothing to translate.
+        """
+        src = batch["src"].to(self.device)  # (B, S)
+        out = [[Hypothesis([], 0.0)] for _ in range(src.size(0))]
+        rows = (src[:, 0] != self.eos_id).nonzero().squeeze(1).tolist()
+        if not rows:
+            return out
+        if len(rows) < src.size(0):
+            src = src[rows]
+        found = search_batch(
+            self.models, src, bos_id=self.bos_id, eos_id=self.eos_id, search=search
+        )
+        for row, hyps in zip(rows, found):
+            out[row] = hyps
+        return out
+
+    @torch.no_grad()
+    def score_batch(self, batch: dict[str, Any]) -> list[list[float]]:
+        """Teacher-forced log-probability of each target token (``<eos>`` included).
+
+        For an ensemble, the mean of the models' log-probabilities, as in the search.
+        """
+        src = batch["src"].to(self.device)  # (B, S)
+        tgt = batch["tgt"].to(self.device)  # (B, T + 1): <bos> + ids + <eos>, padded
+        tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]  # (B, T)
+        lprobs = torch.stack(
+            [
+                model(src, tgt_in).float().log_softmax(-1).gather(-1, tgt_out[..., None])
+                for model in self.models
+            ]
+        ).mean(dim=0)[..., 0]  # (B, T)
+        lengths = (tgt_out != self.models[0].pad_id).sum(dim=1).tolist()  # (B,)
+        return [row[:n] for row, n in zip(lprobs.tolist(), lengths)]
+
+
+def check_ensemble(loaded: Sequence[LoadedModel]) -> None:
+    """Checkpoints decoded together must share the tokenizer (ids mean the same words).
+
+    Raises:
+        CheckpointError: one line naming the two checkpoints and what differs.
+    """
+    first = loaded[0]
+    for other in loaded[1:]:
+        difference = _tokenizer_difference(first, other)
+        if difference:
+            raise CheckpointError(
+                f"{first.path} and {other.path} cannot decode together: {difference}; an "
+                "ensemble needs checkpoints trained with one tokenizer (e.g. of one run)"
+            )
+
+
+def _tokenizer_difference(a: LoadedModel, b: LoadedModel) -> str | None:
+    ta, tb = a.tokenizer, b.tokenizer
+    for what, x, y in (
+        ("source vocabulary size", ta.src_vocab_size, tb.src_vocab_size),
+        ("target vocabulary size", ta.tgt_vocab_size, tb.tgt_vocab_size),
+        ("pad id", a.config.pad_id, b.config.pad_id),
+        ("source language", a.src_lang, b.src_lang),
+        ("target language", a.tgt_lang, b.tgt_lang),
+    ):
+        if x != y:
+            return f"their {what} differs ({x} vs {y})"
+    if ta.src.to_str() != tb.src.to_str() or ta.tgt.to_str() != tb.tgt.to_str():
+        return "their tokenizers have the same sizes but different vocabularies or merges"
+    return None
+
+
+def open_engine(
+    kind: str | None,
+    loaded: Sequence[LoadedModel],
+    *,
+    ct2_model: str | os.PathLike[str] | None = None,
+    compute_type: str | None = None,
+    threads: int | None = None,
+) -> Engine:
+    """The engine ``kind`` (``"torch"``, default, or ``"ctranslate2"``) for ``loaded``.
+
+    ``ct2_model``: a directory written by ``transformer-mt-export --format ctranslate2`` (else
+    the checkpoint is converted into a temporary directory first, which takes seconds).
+
+    Raises:
+        ValueError: an unknown engine, or CTranslate2 asked for an ensemble.
+    """
+    if kind in (None, "", "torch"):
+        return TorchEngine.from_loaded(loaded)
+    if kind != "ctranslate2":
+        raise ValueError(f"unknown engine {kind!r}; use one of {', '.join(ENGINES)}")
+    if len(loaded) != 1:
+        raise ValueError(
+            f"the ctranslate2 engine decodes one checkpoint, got {len(loaded)}; decode an "
+            "ensemble with the torch engine (engine=torch / --engine torch)"
+        )
+    from transformer_mt.inference.ctranslate2_engine import CTranslate2Engine
+
+    options: dict[str, Any] = {"compute_type": compute_type, "threads": threads}
+    options = {k: v for k, v in options.items() if v is not None}
+    options["tokenizer"] = loaded[0].tokenizer  # the model directory's must be the checkpoint's
+    if ct2_model:
+        return CTranslate2Engine(ct2_model, **options)
+    return CTranslate2Engine.from_checkpoint(loaded[0].path, **options)

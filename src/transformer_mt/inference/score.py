@@ -1,0 +1,228 @@
+"""Score given translations with a checkpoint (forced decoding): ``transformer-mt-score``.
+
+``transformer-mt-score --ckpt C --source S --target T`` (or ``-i pairs.tsv``, one
+``source<TAB>target`` line per pair) prints one line per pair, in input order::
+
+    total log-probability <TAB> tokens <TAB> mean log-probability per token
+
+where ``tokens`` counts the target's subwords and ``<eos>``; ``--tokens`` adds the per-token
+log-probabilities and the subwords. Pairs are batched by the decode loop's batcher and scored
+by the same engine interface as translation (:mod:`transformer_mt.inference.decode`), so the
+score of a translation equals the score beam search reported for it (length penalty 0);
+``--ckpt`` repeated scores with the ensemble's averaged log-probabilities.
+
+A side longer than the model takes (the checkpoint's ``data.max_len``, or its positional
+``max_len`` - 1) is an error naming the line, or is cut with a warning under ``--truncate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformer_mt.checkpoint import CheckpointError
+from transformer_mt.files import write_text_atomic
+from transformer_mt.inference.translate import (
+    Translator,
+    add_model_arguments,
+    configure_logging,
+    open_translator,
+    user_error,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PairScore:
+    """The score of one target given its source: per-token log-probabilities, ``<eos>`` last."""
+
+    token_log_probs: list[float]
+    tokens: list[str]
+
+    @property
+    def total(self) -> float:
+        return sum(self.token_log_probs)
+
+    @property
+    def mean(self) -> float:
+        return self.total / len(self.token_log_probs)
+
+
+def score_pairs(
+    translator: Translator,
+    sources: Sequence[str],
+    targets: Sequence[str],
+    *,
+    truncate: bool = False,
+    progress: bool = False,
+) -> list[PairScore]:
+    """Score each target given its source, in order.
+
+    Raises:
+        ValueError: the two sides differ in length, or (without ``truncate``) a side is
+            longer than the model takes; the message names the line.
+    """
+    if len(sources) != len(targets):
+        raise ValueError(
+            f"{len(sources)} sources but {len(targets)} targets; the two sides must have one "
+            "line per pair"
+        )
+    tok = translator.tokenizer
+    src_ids = tok.encode_src_batch([s.strip() for s in sources])
+    tgt_ids = tok.encode_tgt_batch([t.strip() for t in targets])
+    src_ids, tgt_ids = _fit(src_ids, tgt_ids, translator.limit, truncate)
+    scores = translator.score_ids(src_ids, tgt_ids, progress=progress)
+    vocab = tok.tgt
+    return [
+        PairScore(lps, [*(vocab.id_to_token(t) for t in ids), vocab.id_to_token(tok.eos_id)])
+        for lps, ids in zip(scores, tgt_ids)
+    ]
+
+
+def _fit(
+    src_ids: list[list[int]], tgt_ids: list[list[int]], limit: int | None, truncate: bool
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Both sides within ``limit`` ids: refused with the line named, or cut with a warning."""
+    if limit is None:
+        return src_ids, tgt_ids
+    long = [i for i, (s, t) in enumerate(zip(src_ids, tgt_ids)) if max(len(s), len(t)) > limit]
+    if long and not truncate:
+        i = long[0]
+        raise ValueError(
+            f"pair {i + 1} has {len(src_ids[i])} source and {len(tgt_ids[i])} target tokens, "
+            f"more than the {limit} the model takes (data.max_len, or its max_len - 1); "
+            "shorten it, or pass --truncate to score the first tokens"
+        )
+    if long:
+        log.warning(
+            "%d pairs longer than %d tokens were truncated (first: line %d)",
+            len(long),
+            limit,
+            long[0] + 1,
+        )
+    return [s[:limit] for s in src_ids], [t[:limit] for t in tgt_ids]
+
+
+def format_score(score: PairScore, with_tokens: bool) -> str:
+    """``total<TAB>tokens<TAB>mean`` (+ ``<TAB>per-token scores<TAB>subwords``)."""
+    line = f"{score.total:.4f}\t{len(score.token_log_probs)}\t{score.mean:.4f}"
+    if with_tokens:
+        per_token = " ".join(f"{lp:.4f}" for lp in score.token_log_probs)
+        line += f"\t{per_token}\t{' '.join(score.tokens)}"
+    return line + "\n"
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="transformer-mt-score",
+        description=(
+            "Score given translations with a transformer-mt checkpoint (forced decoding): one "
+            "line per pair, total log-probability<TAB>tokens<TAB>mean log-probability per "
+            "token (tokens count <eos>)."
+        ),
+        epilog="example: transformer-mt-score --ckpt best.ckpt --source test.de --target test.en",
+    )
+    add_model_arguments(parser)
+    parser.add_argument("--source", help="source file, one sentence a line")
+    parser.add_argument("--target", help="target file, line-aligned with --source")
+    parser.add_argument("-i", "--input", help="source<TAB>target lines instead ('-' = stdin)")
+    parser.add_argument("-o", "--output", default="-", help="output file ('-' = stdout)")
+    parser.add_argument(
+        "--tokens",
+        action="store_true",
+        help="add the per-token log-probabilities and the subwords (<eos> last)",
+    )
+    parser.add_argument(
+        "--truncate",
+        action="store_true",
+        help="cut sides longer than the model takes (with a warning) instead of refusing",
+    )
+    return parser
+
+
+def _read_lines(name: str) -> list[str]:
+    """The lines of a UTF-8 file (``-`` = stdin), split on ``\\n`` only."""
+    try:
+        if name == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            data = Path(name).read_bytes()
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ValueError(f"{name} is not UTF-8 text (line {line}); convert it to UTF-8") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.rstrip("\r") for line in lines]
+
+
+def read_pairs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(sources, targets) from ``--source``/``--target`` or ``-i`` TSV."""
+    if args.input is not None:
+        if args.source or args.target:
+            raise ValueError("give either -i PAIRS.tsv or --source S --target T, not both")
+        sources, targets = [], []
+        for n, line in enumerate(_read_lines(args.input), start=1):
+            if "\t" not in line:
+                raise ValueError(
+                    f"{args.input} line {n} has no tab; each line must be source<TAB>target"
+                )
+            source, target = line.split("\t", 1)
+            sources.append(source)
+            targets.append(target)
+        return sources, targets
+    if not (args.source and args.target):
+        raise ValueError("give --source S --target T (line-aligned files) or -i PAIRS.tsv")
+    sources, targets = _read_lines(args.source), _read_lines(args.target)
+    if len(sources) != len(targets):
+        raise ValueError(
+            f"--source {args.source} has {len(sources)} lines but --target {args.target} has "
+            f"{len(targets)}; they must be line-aligned"
+        )
+    return sources, targets
+
+
+def _check_output(args: argparse.Namespace) -> None:
+    if args.output == "-":
+        return
+    out = Path(args.output).resolve()
+    for name in (args.input, args.source, args.target, *args.ckpt):
+        if name and name != "-" and Path(name).resolve() == out:
+            raise ValueError(f"--output {args.output} is also an input; write elsewhere")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status (2: a user error, one line)."""
+    args = build_parser().parse_args(argv)
+    configure_logging(args.quiet)
+    try:
+        _check_output(args)
+        sources, targets = read_pairs(args)
+        translator = open_translator(args)
+        scores = score_pairs(
+            translator, sources, targets, truncate=args.truncate, progress=args.progress
+        )
+        text = "".join(format_score(s, args.tokens) for s in scores)
+        if args.output == "-":
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            write_text_atomic(Path(args.output), text)
+    except (CheckpointError, ValueError, OSError) as err:
+        return user_error(err)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
