@@ -117,7 +117,7 @@ def test_score_of_a_beam_output_is_the_score_the_search_reported(
         assert abs(sum(map(float, per_token.split())) - float(total)) < 2e-3
     # The library call, unrounded: equal to 1e-4.
     ids = translator.encode(sources)
-    exact = translator.log_probs(ids, [t.hypotheses[0].tokens for t in translator.decode_ids(ids)])
+    exact = translator.log_probs(ids, [hyps[0].tokens for hyps in translator.decode_ids(ids)])
     assert exact == pytest.approx([t.score for t in found], abs=1e-4)
 
 
