@@ -21,6 +21,7 @@ from transformer_mt.checkpoint import CHECKPOINT_KEY, load_model, save_checkpoin
 from transformer_mt.data.numbers import number_sentences
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.inference.attention_maps import record_maps
+from transformer_mt.inference.translate import Candidate, Translation
 from transformer_mt.inference.translate import main as translate_main
 from transformer_mt.model.transformer import ModelConfig, Transformer
 from transformer_mt.serve.app import create_app
@@ -34,15 +35,16 @@ SOURCES, TARGETS = number_sentences(list(range(3, 900, 3)), "en", "de", seed=0)
 LINES = [*SOURCES[:5], "", "I ❤️ 🍎 apples, 日本語", "x" * 300]
 
 
-def write_tiny_checkpoint(path: Path) -> Path:
+def write_tiny_checkpoint(path: Path, seed: int = 0) -> Path:
     """A seeded, untrained tiny model with a real BPE tokenizer (numbers en->de).
 
-    Untrained, it runs to the length cap, so the stored decoding keeps outputs short.
+    Untrained, it runs to the length cap, so the stored decoding keeps outputs short. Every
+    seed gets the same tokenizer (an ensemble may mix them).
     """
-    torch.manual_seed(0)
     tokenizer = Tokenizer.train([SOURCES], [TARGETS], vocab_size=300, src_lang="en", tgt_lang="de")
     v = tokenizer.vocab_size
     config: ModelConfig = tiny_config(src_vocab_size=v, tgt_vocab_size=v, max_len=80)
+    torch.manual_seed(seed)
     model = Transformer(config).eval()
     checkpoint = {
         "state_dict": {f"model.{k}": t for k, t in model.state_dict().items()},
@@ -137,6 +139,16 @@ BAD_REQUESTS = {
     "body too large": (json.dumps({"text": ["a" * 100_000]}).encode(), 413, "bytes"),
     "beam size 0": (b'{"text": ["a"], "beam_size": 0}', 422, "beam_size must be 1..4"),
     "beam size 5": (b'{"text": ["a"], "beam_size": 5}', 422, "beam_size must be 1..4"),
+    "nbest over the beam": (
+        b'{"text": ["a"], "beam_size": 2, "nbest": 3}',
+        422,
+        "nbest must be 1..beam_size (2)",
+    ),
+    "nbest over the default beam": (
+        b'{"text": ["a"], "nbest": 2}',
+        422,
+        "nbest must be 1..beam_size (1)",
+    ),
     "beam size a string": (b'{"text": ["a"], "beam_size": "2"}', 422, "beam_size"),
     "negative penalty": (b'{"text": ["a"], "length_penalty": -1}', 422, "length_penalty"),
     "unknown option": (b'{"text": ["a"], "beam": 2}', 422, "unknown option 'beam'"),
@@ -214,11 +226,11 @@ class BlockingModel:
         self.release = threading.Event()
         self.entered = threading.Event()
 
-    def translate(self, lines: list[str], options: Any) -> list[str]:
+    def translate(self, lines: list[str], options: Any) -> list[Translation]:
         self.calls.append(list(lines))
         self.entered.set()
         assert self.release.wait(30), "the test never released the engine"
-        return [line.upper() for line in lines]
+        return [Translation(line, [Candidate(line.upper(), 0.0, [])]) for line in lines]
 
     def source_tokens(self, lines: list[str]) -> int:
         return len(lines)
@@ -323,3 +335,33 @@ def test_command_line_mistakes_are_one_error_line(
             assert serve_main(argv) == 2, case
             err = capsys.readouterr().err.strip().splitlines()
             assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], (case, err)
+
+
+def test_nbest_and_scores_equal_the_translate_command(
+    client: Any, tiny_ckpt: Path, tmp_path: Path
+) -> None:
+    flags = ["--beam-size", "3", "--nbest", "2", "--format", "jsonl"]
+    records = [json.loads(line) for line in cli_translate(tiny_ckpt, tmp_path, LINES, *flags)]
+    got = client.post("/translate", json={"text": LINES, "beam_size": 3, "nbest": 2}).json()
+    assert got["translations"] == [r["hypotheses"][0]["text"] for r in records]
+    assert [[h["text"] for h in n] for n in got["nbest"]] == [
+        [h["text"] for h in r["hypotheses"]] for r in records
+    ]
+    for mine, theirs in zip(got["nbest"], records):
+        assert [h["score"] for h in mine] == pytest.approx(
+            [h["score"] for h in theirs["hypotheses"]], abs=1e-5
+        )
+    assert got["scores"] == [n[0]["score"] for n in got["nbest"]]
+    assert "nbest" not in client.post("/translate", json={"text": LINES[:1]}).json()
+
+
+def test_an_ensemble_equals_the_translate_command(tiny_ckpt: Path, tmp_path: Path) -> None:
+    other = write_tiny_checkpoint(tmp_path / "other.ckpt", seed=1)
+    flags = ["--ckpt", str(other), "--beam-size", "2"]
+    expected = cli_translate(tiny_ckpt, tmp_path, LINES, *flags)
+    alone = cli_translate(tiny_ckpt, tmp_path, LINES, "--beam-size", "2")
+    assert expected != alone  # the second model changes the outputs
+    with TestClient(create_app(ServedModel([tiny_ckpt, other]))) as client:
+        got = client.post("/translate", json={"text": LINES, "beam_size": 2}).json()
+        assert got["translations"] == expected
+        assert client.get("/model").json()["ensemble"] == ["tiny.ckpt", "other.ckpt"]

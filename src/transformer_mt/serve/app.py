@@ -51,6 +51,9 @@ class DecodingFields(BaseModel):
 
 class TranslateRequest(DecodingFields):
     text: list[str] = Field(description="the sentences to translate, one per item")
+    nbest: int | None = Field(
+        None, description="also return the n best hypotheses of each sentence (<= beam_size)"
+    )
 
 
 class AttentionRequest(DecodingFields):
@@ -116,11 +119,18 @@ class Service:
 
     def options(self, request: DecodingFields) -> Options:
         beam, alpha = request.beam_size, request.length_penalty
+        nbest = getattr(request, "nbest", None)
         if beam is not None and not 1 <= beam <= self.limits.max_beam:
             raise ApiError(422, f"beam_size must be 1..{self.limits.max_beam}, got {beam}")
         if alpha is not None and not 0.0 <= alpha <= 10.0:
             raise ApiError(422, f"length_penalty must be between 0 and 10, got {alpha}")
-        return Options(beam_size=beam, length_penalty=alpha)
+        if nbest is not None:
+            width = beam if beam is not None else self.model.defaults.beam_size
+            if not 1 <= nbest <= width:
+                raise ApiError(
+                    422, f"nbest must be 1..beam_size ({width}), got {nbest}; ask for a wider beam"
+                )
+        return Options(beam_size=beam, length_penalty=alpha, nbest=nbest)
 
     def check_size(self, texts: list[str]) -> None:
         limits = self.limits
@@ -142,7 +152,7 @@ class Service:
                 f"{limits.max_chars}; split the request",
             )
 
-    async def translate(self, request: Request, texts: list[str], options: Options) -> list[str]:
+    async def translate(self, request: Request, texts: list[str], options: Options) -> list[Any]:
         """Queue ``texts`` with the batcher; give up when the client leaves or time runs out."""
         tokens = self.model.source_tokens(texts)
         try:
@@ -241,8 +251,16 @@ def _add_routes(app: FastAPI, service: Service) -> None:
         """Translate ``text`` (a list of sentences): one translation per sentence, in order."""
         options = service.options(body)
         service.check_size(body.text)
-        translations = await service.translate(request, body.text, options)
-        return {"translations": translations, "model": brief}
+        results = await service.translate(request, body.text, options)
+        answer: dict[str, Any] = {
+            "translations": [t.text for t in results],
+            "scores": [t.score for t in results],
+        }
+        if body.nbest is not None:
+            answer["nbest"] = [
+                [{"text": h.text, "score": h.score} for h in t.hypotheses] for t in results
+            ]
+        return {**answer, "model": brief}
 
     @app.post("/attention")
     async def attention(body: AttentionRequest, request: Request) -> dict[str, Any]:
@@ -251,7 +269,8 @@ def _add_routes(app: FastAPI, service: Service) -> None:
         service.check_size([body.text, body.translation or ""])
         translation = body.translation
         if translation is None:
-            (translation,) = await service.translate(request, [body.text], options)
+            (result,) = await service.translate(request, [body.text], options)
+            translation = result.text
         maps = await service.batcher.call(model.attention, body.text, translation)
         return {"translation": translation, **maps}
 

@@ -11,18 +11,19 @@ CTranslate2 engine, the same source cut and the same tokenizer.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from transformer_mt.checkpoint import build_model, load_checkpoint
+from transformer_mt.checkpoint import build_model, load_checkpoint, load_model
 from transformer_mt.inference.attention_maps import KINDS, record_maps
 from transformer_mt.inference.averaging import stored_val_bleu
 from transformer_mt.inference.engine import open_engine
 from transformer_mt.inference.search import SearchConfig
-from transformer_mt.inference.translate import Translator, search_config
+from transformer_mt.inference.translate import Translation, Translator, search_config
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,15 @@ class Options:
 
     beam_size: int | None = None
     length_penalty: float | None = None
+    nbest: int | None = None
 
 
 class ServedModel:
     """A checkpoint ready to serve: translation through one engine, attention through torch.
 
     Args:
-        ckpt: the checkpoint (.ckpt) written by train.py.
+        ckpt: the checkpoint (.ckpt) written by train.py, or several sharing one tokenizer: an
+            ensemble (torch engine; the first one's decoding defaults, stored BLEU and attention).
         engine: ``"torch"`` or ``"ctranslate2"``.
         ct2_model: a directory written by ``transformer-mt-export --format ctranslate2`` (else
             the checkpoint is converted at start-up).
@@ -52,7 +55,7 @@ class ServedModel:
 
     def __init__(
         self,
-        ckpt: str | os.PathLike[str],
+        ckpt: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
         engine: str = "torch",
         ct2_model: str | os.PathLike[str] | None = None,
@@ -60,16 +63,18 @@ class ServedModel:
         threads: int = 0,
         max_tokens: int | None = None,
     ) -> None:
-        checkpoint = load_checkpoint(ckpt)
-        self.loaded = build_model(checkpoint, ckpt, "cpu")
+        paths = [ckpt] if isinstance(ckpt, (str, os.PathLike)) else list(ckpt)
+        checkpoint = load_checkpoint(paths[0])
+        self.loaded = build_model(checkpoint, paths[0], "cpu")
         self.val_bleu = stored_val_bleu(checkpoint)
         del checkpoint
+        self.ensemble = [self.loaded, *(load_model(p, "cpu") for p in paths[1:])]
         self.engine = engine
         self.defaults = search_config(self.loaded.decoding)
         decoder = open_engine(
-            engine, [self.loaded], ct2_model=ct2_model, compute_type=compute_type, threads=threads
+            engine, self.ensemble, ct2_model=ct2_model, compute_type=compute_type, threads=threads
         )
-        self.translator = Translator(self.loaded, self.defaults, max_tokens, engine=decoder)
+        self.translator = Translator(self.ensemble, self.defaults, max_tokens, engine=decoder)
         self.compute_type = compute_type or ("default" if engine != "torch" else None)
         self.threads = threads
 
@@ -88,6 +93,7 @@ class ServedModel:
             self.loaded.decoding,
             beam_size=options.beam_size,
             length_penalty=options.length_penalty,
+            nbest=options.nbest,
         )
 
     def source_tokens(self, lines: list[str]) -> int:
@@ -96,11 +102,12 @@ class ServedModel:
         ids = self.tokenizer.encode_src_batch([line.strip() for line in lines])
         return sum((len(s) if limit is None else min(len(s), limit)) + 1 for s in ids)
 
-    def translate(self, lines: list[str], options: Options) -> list[str]:
-        """One translation per line, in order (blocking: call it from the worker thread)."""
+    def translate(self, lines: list[str], options: Options) -> list[Translation]:
+        """One :class:`Translation` (n-best list, scores) per line, in order (blocking: call it
+        from the worker thread)."""
         search = self.search(options)
         self._pin_threads()
-        return [t.text for t in self.translator.translate_batch(lines, search)]
+        return self.translator.translate_batch(lines, search)
 
     def attention(self, source: str, translation: str) -> dict[str, Any]:
         """Every attention weight of a teacher-forced pass over ``source`` -> ``translation``.
@@ -131,6 +138,7 @@ class ServedModel:
         loaded, config = self.loaded, self.loaded.config
         return {
             "checkpoint": Path(loaded.path).name,
+            "ensemble": [Path(m.path).name for m in self.ensemble],
             "src_lang": loaded.src_lang,
             "tgt_lang": loaded.tgt_lang,
             "engine": self.engine,

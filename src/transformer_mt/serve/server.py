@@ -39,7 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="example: transformer-mt-serve --ckpt run/checkpoints/last.ckpt --port 8000",
     )
-    parser.add_argument("--ckpt", required=True, help="checkpoint (.ckpt) written by train.py")
+    parser.add_argument(
+        "--ckpt",
+        required=True,
+        action="append",
+        help="checkpoint (.ckpt) written by train.py; repeat it for an ensemble (torch engine)",
+    )
     parser.add_argument(
         "--engine", choices=("torch", "ctranslate2"), default="torch", help="decoding engine"
     )
