@@ -90,7 +90,13 @@ def test_trainer_stores_each_config_once(ckpt: Path) -> None:
     assert "hyper_parameters" not in checkpoint
     written = checkpoint[CHECKPOINT_KEY]
     assert written["data"]["src_lang"] == written["src_lang"] == "en"
-    assert set(written["decoding"]) == {"beam_size", "length_penalty", "max_len_a", "max_len_b"}
+    assert set(written["decoding"]) == {
+        "beam_size",
+        "length_penalty",
+        "max_len_a",
+        "max_len_b",
+        "nbest",
+    }
 
 
 FIXTURE_V1 = Path(__file__).resolve().parent / "fixtures" / "format_v1" / "model.ckpt"

@@ -234,17 +234,8 @@ class LoadedModel:
         return next(self.model.parameters()).device
 
 
-def build_model(
-    checkpoint: dict[str, Any], path: str | os.PathLike[str] = "?", device: str = "cpu"
-) -> LoadedModel:
-    """Rebuild the :class:`Transformer` and :class:`Tokenizer` a checkpoint describes.
-
-    Raises:
-        CheckpointError: not from transformer-mt, a state dict from another model, or a
-            tokenizer whose vocabulary does not match the weights.
-    """
-    path = Path(path)
-    extra = metadata(checkpoint, path)
+def _config_and_tokenizer(extra: dict[str, Any], path: Path) -> tuple[ModelConfig, Tokenizer]:
+    """The model config and tokenizer a checkpoint stores, checked against each other."""
     try:
         config = ModelConfig.from_dict(dict(extra["model_config"]))
     except (TypeError, ValueError) as err:
@@ -268,9 +259,13 @@ def build_model(
             f"{path}: tokenizer pad id {tokenizer.pad_id} != model pad id {config.pad_id}; "
             "use a checkpoint written by one train.py run"
         )
+    return config, tokenizer
 
-    model = Transformer(config)
-    state, expected = model_state_dict(checkpoint), model.state_dict()
+
+def _check_state_fits(
+    state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], path: Path
+) -> None:
+    """The stored weights have exactly the model's parameter names and shapes."""
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
@@ -288,6 +283,23 @@ def build_model(
                 f"needs {tuple(expected[key].shape)}{vocab_hint}; the weights and the config "
                 "come from different runs. Use a checkpoint written by one train.py run"
             )
+
+
+def build_model(
+    checkpoint: dict[str, Any], path: str | os.PathLike[str] = "?", device: str = "cpu"
+) -> LoadedModel:
+    """Rebuild the :class:`Transformer` and :class:`Tokenizer` a checkpoint describes.
+
+    Raises:
+        CheckpointError: not from transformer-mt, a state dict from another model, or a
+            tokenizer whose vocabulary does not match the weights.
+    """
+    path = Path(path)
+    extra = metadata(checkpoint, path)
+    config, tokenizer = _config_and_tokenizer(extra, path)
+    model = Transformer(config)
+    state = model_state_dict(checkpoint)
+    _check_state_fits(state, model.state_dict(), path)
     model.load_state_dict(state)
     model.eval().to(device)
     data = extra.get("data")
