@@ -34,6 +34,36 @@ _STEP_RE = re.compile(r"step[=_-]?(\d+)")
 _BLEU_RE = re.compile(r"bleu[=_-]?(\d+(?:\.\d+)?)")
 
 
+def _add_to_sums(
+    sums: dict[str, torch.Tensor],
+    ckpt: dict[str, Any],
+    p: str | os.PathLike[str],
+    first_path: Path,
+    first_meta: dict[str, Any],
+) -> None:
+    """Add one checkpoint's floating-point tensors to ``sums`` after checking it matches."""
+    meta = metadata(ckpt, p)
+    for key in ("model_config", "tokenizer"):
+        if meta.get(key) != first_meta.get(key):
+            raise CheckpointError(
+                f"cannot average {p} with {first_path}: their {key.replace('_', ' ')}s "
+                "differ; average checkpoints of one training run"
+            )
+    state = ckpt["state_dict"]
+    if set(state) != set(sums):
+        raise CheckpointError(
+            f"cannot average {p} with {first_path}: different parameter names; average "
+            "checkpoints of one training run"
+        )
+    for key, value in state.items():
+        if value.is_floating_point():
+            sums[key] += value.to(torch.float64)
+        elif not torch.equal(value, sums[key]):
+            raise CheckpointError(
+                f"cannot average {p} with {first_path}: integer buffer {key} differs"
+            )
+
+
 def average_checkpoints(paths: list[str | os.PathLike[str]]) -> dict[str, Any]:
     """Average the parameters of several checkpoints of one model into a new checkpoint.
 
@@ -58,26 +88,7 @@ def average_checkpoints(paths: list[str | os.PathLike[str]]) -> dict[str, Any]:
     steps = [first.get("global_step")]
     for p in paths[1:]:
         ckpt = load_checkpoint(p)
-        meta = metadata(ckpt, p)
-        for key in ("model_config", "tokenizer"):
-            if meta.get(key) != first_meta.get(key):
-                raise CheckpointError(
-                    f"cannot average {p} with {first_path}: their {key.replace('_', ' ')}s "
-                    "differ; average checkpoints of one training run"
-                )
-        state = ckpt["state_dict"]
-        if set(state) != set(sums):
-            raise CheckpointError(
-                f"cannot average {p} with {first_path}: different parameter names; average "
-                "checkpoints of one training run"
-            )
-        for key, value in state.items():
-            if value.is_floating_point():
-                sums[key] += value.to(torch.float64)
-            elif not torch.equal(value, sums[key]):
-                raise CheckpointError(
-                    f"cannot average {p} with {first_path}: integer buffer {key} differs"
-                )
+        _add_to_sums(sums, ckpt, p, first_path, first_meta)
         steps.append(ckpt.get("global_step"))
     n = len(paths)
     reference = first["state_dict"]

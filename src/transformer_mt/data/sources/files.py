@@ -181,6 +181,34 @@ def _missing_directory(directory: Path) -> str:
     return text + "Set data.dir to a directory of parallel text, e.g. data.dir=/data/multi30k."
 
 
+def _load_split(
+    directory: Path, prefix: str, src_lang: str, tgt_lang: str, file_format: str
+) -> tuple[datasets.Dataset | None, str]:
+    """One split's pairs (``None`` when it has none) and where they were read from."""
+    fmt = file_format
+    if fmt == "auto":
+        fmt = "parallel"
+        for candidate in ("tsv", "jsonl"):
+            if _find(directory, f"{prefix}.{candidate}") is not None:
+                fmt = candidate
+    if fmt == "parallel":
+        paths = _parallel_paths(directory, prefix, src_lang, tgt_lang)
+        rows = {"src_path": str(paths[0]), "tgt_path": str(paths[1])}
+        return _stream_to_arrow(_rows_parallel, rows, paths), (
+            f"{directory / prefix}.{{{src_lang},{tgt_lang}}}"
+        )
+    path = _find(directory, f"{prefix}.{fmt}")
+    if path is None:
+        raise FileNotFoundError(
+            f"Corpus file not found: {directory / f'{prefix}.{fmt}'}[.gz]; fix data.dir "
+            "or data.prefixes, or set data.file_format."
+        )
+    if fmt == "tsv":
+        return _stream_to_arrow(_rows_tsv, {"path": str(path)}, [path]), str(path)
+    kwargs = {"path": str(path), "src_lang": src_lang, "tgt_lang": tgt_lang}
+    return _stream_to_arrow(_rows_jsonl, kwargs, [path]), str(path)
+
+
 def load_files_corpus(
     directory: str | os.PathLike[str],
     src_lang: str,
@@ -209,31 +237,7 @@ def load_files_corpus(
         raise FileNotFoundError(_missing_directory(directory))
     out = {}
     for split, prefix in dict(prefixes or DEFAULT_PREFIXES).items():
-        fmt = file_format
-        if fmt == "auto":
-            fmt = "parallel"
-            for candidate in ("tsv", "jsonl"):
-                if _find(directory, f"{prefix}.{candidate}") is not None:
-                    fmt = candidate
-        if fmt == "parallel":
-            paths = _parallel_paths(directory, prefix, src_lang, tgt_lang)
-            split_data = _stream_to_arrow(
-                _rows_parallel, {"src_path": str(paths[0]), "tgt_path": str(paths[1])}, paths
-            )
-            where = f"{directory / prefix}.{{{src_lang},{tgt_lang}}}"
-        else:
-            path = _find(directory, f"{prefix}.{fmt}")
-            if path is None:
-                raise FileNotFoundError(
-                    f"Corpus file not found: {directory / f'{prefix}.{fmt}'}[.gz]; fix data.dir "
-                    "or data.prefixes, or set data.file_format."
-                )
-            if fmt == "tsv":
-                split_data = _stream_to_arrow(_rows_tsv, {"path": str(path)}, [path])
-            else:
-                kwargs = {"path": str(path), "src_lang": src_lang, "tgt_lang": tgt_lang}
-                split_data = _stream_to_arrow(_rows_jsonl, kwargs, [path])
-            where = str(path)
+        split_data, where = _load_split(directory, prefix, src_lang, tgt_lang, file_format)
         if split_data is None or len(split_data) == 0:
             raise ValueError(
                 f"Split {split!r} is empty: {where} has no lines; fill it, or point "
