@@ -93,6 +93,7 @@ def test_trainer_stores_each_config_once(ckpt: Path) -> None:
     assert set(written["decoding"]) == {
         "beam_size",
         "length_penalty",
+        "length_norm",
         "max_len_a",
         "max_len_b",
         "nbest",

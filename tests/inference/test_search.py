@@ -10,6 +10,7 @@ from transformer_mt.inference.search import (
     beam_search,
     generate,
     greedy_search,
+    length_penalty,
     search_batch,
 )
 from transformer_mt.model.transformer import Transformer
@@ -184,3 +185,25 @@ def test_search_config_rejects_bad_beam() -> None:
 def test_search_config_rejects_more_hypotheses_than_the_beam_keeps() -> None:
     with pytest.raises(ValueError, match="nbest=5 but a beam of 4 keeps 4 hypotheses"):
         SearchConfig(beam_size=4, nbest=5)
+
+
+@pytest.mark.parametrize("norm", ["gnmt", "power"])
+def test_scores_are_log_probabilities_divided_by_the_length_norm(
+    tiny_model: Transformer, norm: str
+) -> None:
+    """Every n-best entry's score is its log-probability over ``length_penalty(|Y|, 1.0, norm)``
+    (|Y| with ``<eos>``), and the list is ranked by that score."""
+    src, _ = random_batch(batch=2)
+    found = _search(tiny_model, src, beam_size=3, nbest=3, length_penalty=1.0, length_norm=norm)
+    for b, hyps in enumerate(found):
+        for h in hyps:
+            divisor = length_penalty(len(h.tokens) + 1, 1.0, norm)
+            log_prob = _sequence_logprob(tiny_model, src[b : b + 1], h.tokens)
+            assert abs(log_prob / divisor - h.score) < 1e-4
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+    assert length_penalty(9, 1.0, "power") == 9 and length_penalty(7, 1.0, "gnmt") == 2.0
+
+
+def test_search_config_rejects_an_unknown_length_norm() -> None:
+    with pytest.raises(ValueError, match="length_norm='avg' is not one of gnmt, power"):
+        SearchConfig(length_norm="avg")

@@ -277,7 +277,7 @@ def _split_inputs(cfg: DictConfig, loaded: list[LoadedModel]) -> EvalInputs:
 
 def _search(cfg: DictConfig, loaded: LoadedModel) -> SearchConfig:
     dec = cfg.get("decoding") or {}
-    keys = ("beam_size", "length_penalty", "max_len_a", "max_len_b", "nbest")
+    keys = ("beam_size", "length_penalty", "length_norm", "max_len_a", "max_len_b", "nbest")
     # The best setting of a decoding sweep fills what the checkpoint stores; decoding.* wins.
     stored = {**(loaded.decoding or {}), **decoding_from(cfg.get("decoding_from"))}
     return search_config(stored, **{key: dec.get(key) for key in keys})
@@ -428,7 +428,8 @@ def _print_table(results: dict[str, Any]) -> None:
         "decoding",
         "greedy"
         if dec["beam_size"] == 1
-        else f"beam {dec['beam_size']}, alpha {dec['length_penalty']}",
+        else f"beam {dec['beam_size']}, alpha {dec['length_penalty']} "
+        f"({dec.get('length_norm', 'gnmt')})",
     )
     for name, value in (results.get("metrics") or {}).items():
         table.add_row(name, f"{value:.2f}")

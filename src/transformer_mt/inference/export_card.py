@@ -110,7 +110,8 @@ def _decoding(search: Any) -> str:
     if search.beam_size == 1:
         return f"greedy, output cap {search.max_len_a} x source tokens + {search.max_len_b}"
     return (
-        f"beam {search.beam_size}, length penalty {search.length_penalty}, output cap "
+        f"beam {search.beam_size}, length penalty {search.length_penalty} "
+        f"({search.length_norm}), output cap "
         f"{search.max_len_a} x source tokens + {search.max_len_b}"
     )
 
@@ -135,6 +136,19 @@ def _licence_lines(licence: str, dataset: str) -> list[str]:
         f"{licence}, as transformer-mt; the terms of the training data ({dataset}) apply as well.",
         "",
     ]
+
+
+def _length_norm_note(search: Any) -> str:
+    if search.length_norm == "power":
+        return (
+            "Length penalties have one form: `generate` and transformer-mt (`length_norm: "
+            "power`) both divide beam scores by `length ** length_penalty`."
+        )
+    return (
+        "Length penalties differ in form: `generate` divides by `length ** length_penalty`, "
+        "transformer-mt (`length_norm: gnmt`) by GNMT's `((5 + length) / 6) ** alpha`; at 0 both "
+        "rank by log-probability, otherwise beam outputs may differ slightly."
+    )
 
 
 def huggingface_usage(search: Any) -> list[str]:
@@ -165,9 +179,7 @@ def huggingface_usage(search: Any) -> list[str]:
         "per-sentence length cap, which `generate` has no setting for (hence `max_new_tokens` "
         "above, exact for one sentence, the longest source's cap for a batch). For beam "
         "search pass `num_beams=K, early_stopping=True` (transformer-mt stops when K "
-        "hypotheses have ended). Length penalties differ in form: `generate` divides by "
-        "`length ** length_penalty`, transformer-mt by GNMT's `((5 + length) / 6) ** alpha`; "
-        "at 0 both rank by log-probability, otherwise beam outputs may differ slightly. "
+        "hypotheses have ended). " + _length_norm_note(search) + " "
         "`truncation=True` cuts sources at the tokenizer's `model_max_length`, where "
         "transformer-mt's translator cuts them.",
         "",

@@ -25,6 +25,9 @@ from torch import Tensor
 from transformer_mt.model.kv_cache import KVCache
 from transformer_mt.model.transformer import Transformer
 
+#: How beam scores are normalised by length (:func:`length_penalty`).
+LENGTH_NORMS = ("gnmt", "power")
+
 
 @dataclass
 class SearchConfig:
@@ -32,7 +35,10 @@ class SearchConfig:
 
     Args:
         beam_size: Hypotheses kept per sentence (1 = greedy search).
-        length_penalty: GNMT's alpha (:func:`length_penalty`); 0 ranks by log-probability.
+        length_penalty: The exponent alpha of the length normalisation
+            (:func:`length_penalty`); 0 ranks by log-probability.
+        length_norm: ``gnmt`` divides scores by ``((5 + |Y|) / 6) ** alpha`` (Wu et al.),
+            ``power`` by ``|Y| ** alpha`` (fairseq, Hugging Face ``generate``, CTranslate2).
         max_len_a, max_len_b: Output cap ``max_len_a * source length + max_len_b`` tokens.
         use_cache: Decode with the key/value cache (``False`` recomputes every prefix).
         nbest: Hypotheses returned per sentence, best first (at most ``beam_size``).
@@ -40,6 +46,7 @@ class SearchConfig:
 
     beam_size: int = 1
     length_penalty: float = 0.6
+    length_norm: str = "gnmt"
     max_len_a: float = 1.2
     max_len_b: int = 10
     use_cache: bool = True
@@ -56,6 +63,11 @@ class SearchConfig:
                 f"max_len_a={self.max_len_a}, max_len_b={self.max_len_b} allow no output token; "
                 "use e.g. max_len_a=1.2 max_len_b=10"
             )
+        if self.length_norm not in LENGTH_NORMS:
+            raise ValueError(
+                f"length_norm={self.length_norm!r} is not one of {', '.join(LENGTH_NORMS)}; use "
+                "gnmt ((5 + |Y|) / 6) ** alpha) or power (|Y| ** alpha)"
+            )
         if not 1 <= self.nbest <= self.beam_size:
             raise ValueError(
                 f"nbest={self.nbest} but a beam of {self.beam_size} keeps {self.beam_size} "
@@ -71,20 +83,24 @@ class Hypothesis:
     Attributes:
         tokens: Output ids without ``<bos>`` and ``<eos>``.
         score: The search's ranking score: the sum of the token log-probabilities
-            (``<eos>`` included) divided by ``length_penalty(length, alpha)``, where ``length``
-            counts ``<eos>``; the plain log-probability at alpha 0.
+            (``<eos>`` included) divided by ``length_penalty(length, alpha, norm)``, where
+            ``length`` counts ``<eos>``; the plain log-probability at alpha 0.
     """
 
     tokens: list[int]
     score: float
 
 
-def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
-    """GNMT's length penalty ((5 + |Y|) / 6) ** alpha (Wu et al., 2016, eq. 14).
+def length_penalty(length: Tensor | int, alpha: float, norm: str = "gnmt") -> Tensor | float:
+    """The divisor of a hypothesis' summed log-probability: ``gnmt`` or ``power``.
 
-    Beam scores are divided by it, so alpha > 0 favours longer outputs; alpha = 0 ranks by raw
-    log-probability. The paper used alpha = 0.6 with beam size 4 (section 6.1).
+    ``gnmt`` is GNMT's ((5 + |Y|) / 6) ** alpha (Wu et al., 2016, eq. 14), ``power`` the plain
+    |Y| ** alpha of fairseq, Hugging Face ``generate`` and CTranslate2. Beam scores are divided
+    by it, so alpha > 0 favours longer outputs; alpha = 0 ranks by raw log-probability. The paper
+    used alpha = 0.6 with beam size 4 (section 6.1).
     """
+    if norm == "power":
+        return length**alpha
     return ((5.0 + length) / 6.0) ** alpha
 
 
@@ -206,15 +222,18 @@ def greedy_search(
             alive, prefix = alive[keep], prefix[keep]
             decoding.select(keep)
     return [
-        [_hypothesis(row, lp, search.length_penalty, eos_id)]
-        for row, lp in zip(out.tolist(), log_prob.tolist())
+        [_hypothesis(row, lp, search, eos_id)] for row, lp in zip(out.tolist(), log_prob.tolist())
     ]
 
 
-def _hypothesis(row: list[int], log_prob: float, alpha: float, eos_id: int) -> Hypothesis:
+def _hypothesis(row: list[int], log_prob: float, search: SearchConfig, eos_id: int) -> Hypothesis:
     """A greedy output row (ended by its first ``<eos>``) as a :class:`Hypothesis`."""
     tokens = row[: row.index(eos_id)]
-    return Hypothesis(tokens, log_prob / length_penalty(len(tokens) + 1, alpha))
+    return Hypothesis(tokens, log_prob / _divisor(len(tokens) + 1, search))
+
+
+def _divisor(length: int, search: SearchConfig) -> float:
+    return length_penalty(length, search.length_penalty, search.length_norm)
 
 
 class _Beam:
@@ -235,7 +254,7 @@ class _Beam:
         #: per sentence: (ranking score, ids with eos)
         self.finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
 
-    def extend(self, lprobs: Tensor, eos_id: int, alpha: float) -> Tensor:
+    def extend(self, lprobs: Tensor, eos_id: int, search: SearchConfig) -> Tensor:
         """Score all ``K x V`` extensions; set finished ones aside; keep the best K live.
 
         Takes the best ``2K`` candidates (fairseq's trick): those ending in eos among the first
@@ -254,7 +273,7 @@ class _Beam:
             b = int(self.alive[i])
             if len(self.finished[b]) < K:
                 hyp = [*self.prefix[i * K + int(top_beam[i, j]), 1:].tolist(), eos_id]
-                score = float(top_scores[i, j]) / length_penalty(length, alpha)
+                score = float(top_scores[i, j]) / _divisor(length, search)
                 self.finished[b].append((score, hyp))
         live_scores = top_scores.masked_fill(top_token == eos_id, -math.inf)  # (n, 2K)
         self.scores, pick = live_scores.topk(K, dim=1)  # (n, K)
@@ -279,7 +298,7 @@ class _Beam:
         )
         return rows
 
-    def results(self, alpha: float, nbest: int, eos_id: int) -> list[list[Hypothesis]]:
+    def results(self, search: SearchConfig, eos_id: int) -> list[list[Hypothesis]]:
         """The ``nbest`` best hypotheses per sentence, best first.
 
         Sentences that stopped without K finished hypotheses add their live beams.
@@ -290,10 +309,12 @@ class _Beam:
                     total = float(self.scores[i, k])
                     if math.isfinite(total):
                         hyp = self.prefix[i * self.K + k, 1:].tolist()
-                        self.finished[b].append((total / length_penalty(len(hyp), alpha), hyp))
+                        self.finished[b].append((total / _divisor(len(hyp), search), hyp))
         out = []
         for hyps in self.finished:
-            ranked = sorted(hyps, key=lambda h: -h[0])[:nbest]  # stable: ties keep their order
+            ranked = sorted(hyps, key=lambda h: -h[0])[
+                : search.nbest
+            ]  # stable: ties keep their order
             out.append([Hypothesis(_strip_eos(h, eos_id), s) for s, h in ranked])
         return out
 
@@ -340,13 +361,13 @@ def beam_search(
         _ban_specials(lprobs, models[0].pad_id, bos_id)
         at_cap = step + 1 >= max_lens[beam.alive]  # (n,)
         _cap_to_eos(lprobs, at_cap.repeat_interleave(K), eos_id)
-        decoding.reorder_beams(beam.extend(lprobs, eos_id, search.length_penalty))
+        decoding.reorder_beams(beam.extend(lprobs, eos_id, search))
         done = beam.done(at_cap)
         if bool(done.all()):
             break
         if bool(done.any()):
             decoding.select(beam.keep((~done).nonzero().squeeze(1)))
-    return beam.results(search.length_penalty, search.nbest, eos_id)
+    return beam.results(search, eos_id)
 
 
 def search_batch(

@@ -356,7 +356,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--beam-size", type=int, help="beam size (1 = greedy)")
     parser.add_argument("--greedy", action="store_true", help="greedy search (= --beam-size 1)")
-    parser.add_argument("--length-penalty", type=float, help="GNMT length penalty alpha")
+    parser.add_argument("--length-penalty", type=float, help="length penalty alpha")
+    parser.add_argument(
+        "--length-norm",
+        choices=("gnmt", "power"),
+        help="divide beam scores by ((5 + |Y|) / 6) ** alpha (gnmt) or |Y| ** alpha (power)",
+    )
     parser.add_argument("--max-len-a", type=float, help="output length cap a * src_len + b: a")
     parser.add_argument("--max-len-b", type=int, help="output length cap a * src_len + b: b")
     parser.add_argument(
@@ -487,6 +492,7 @@ def _open_translator(args: argparse.Namespace) -> tuple[Translator, SearchConfig
             {**(translator.loaded.decoding or {}), **decoding_from(args.decoding_from)},
             beam_size=1 if args.greedy else args.beam_size,
             length_penalty=args.length_penalty,
+            length_norm=args.length_norm,
             max_len_a=args.max_len_a,
             max_len_b=args.max_len_b,
             nbest=args.nbest,

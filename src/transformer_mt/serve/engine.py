@@ -148,6 +148,7 @@ class ServedModel:
             "decoding": {
                 "beam_size": self.defaults.beam_size,
                 "length_penalty": self.defaults.length_penalty,
+                "length_norm": self.defaults.length_norm,
                 "max_len_a": self.defaults.max_len_a,
                 "max_len_b": self.defaults.max_len_b,
             },
