@@ -235,3 +235,30 @@ def test_workers_share_a_study_on_a_real_postgresql_server(postgres_url: str) ->
     )
     with pytest.raises(UserError, match="already exists with direction maximize"):
         st.open_study(st.open_storage(postgres_url), "pg", "minimize")
+
+
+@pytest.mark.parametrize(
+    ("search", "base"),
+    [
+        ("numbers_optuna", []),
+        ("multi30k_optuna", ["experiment=multi30k_de_en", "data.source=files"]),
+    ],
+)
+def test_every_shipped_search_space_parses_and_names_real_keys(
+    search: str, base: list[str]
+) -> None:
+    """What `python train.py -m hparams_search=NAME` checks before its first trial."""
+    from hydra import compose, initialize_config_dir
+
+    from transformer_mt.commands import register_configs
+
+    from conftest import ROOT
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", [*base, f"hparams_search={search}"], return_hydra_config=True)
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params)
+    space, _ = st.search_space(params, [])
+    assert len(space) >= 2
+    st.check_keys(space, cfg)
+    assert cfg.hydra.sweeper.direction == "maximize" and cfg.optimized_metric == "val/bleu"

@@ -33,7 +33,7 @@ from transformer_mt.training.sweep import (
 
 from conftest import ROOT
 
-# One epoch of 300 pairs with a 32-wide model; no test pass, no checkpoint callback.
+# One epoch of 300 pairs with a 32-wide 1+1-layer model; no test pass, no checkpoint callback.
 TINY = [
     "threads=1",
     "trainer.max_epochs=1",
@@ -44,6 +44,8 @@ TINY = [
     "data.cache_dir=null",
     "model.d_model=32",
     "model.d_ff=64",
+    "model.n_encoder_layers=1",
+    "model.n_decoder_layers=1",
     "callbacks=none",
     "test_after_fit=false",
 ]
@@ -300,6 +302,49 @@ def test_a_resumed_study_continues_without_repeating_a_trial(tmp_path: Path) -> 
     with open(tmp_path / "optuna_trials.csv", encoding="utf-8") as handle:
         assert len(list(csv.DictReader(handle))) == 4
     assert sorted(row["trial"] for row in read_summary(tmp_path)) == ["0", "1", "2", "3"]
+
+
+def test_a_two_stage_study_in_a_journal_file_confirms_its_best_trial_once(tmp_path: Path) -> None:
+    """2 trials of 2 epochs in Optuna's journal file, then the best one again at 3 epochs.
+
+    Running the command again on the full study starts nothing: the confirmation is claimed.
+    """
+    journal = tmp_path / "study.log"
+    two_stage = [
+        *OPTUNA,
+        "trainer.max_epochs=2",
+        "hydra.sweeper.n_trials=2",
+        f"hydra.sweeper.storage=journal:{journal}",
+        "hydra.sweeper.confirm.top_k=1",
+        "hydra.sweeper.confirm.overrides=['trainer.max_epochs=3']",
+    ]
+    first = run_sweep(tmp_path / "sweep", *two_stage)
+    assert first.returncode == 0, _explain(first)
+    assert journal.is_file() and not (tmp_path / "sweep" / "optuna.db").exists()
+    assert "a journal file keeps no heartbeats" in first.stdout + first.stderr
+    import optuna
+
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(journal))
+    )
+    study = optuna.load_study(study_name="numbers", storage=storage)
+    assert len(study.trials) == 2
+    best = study.best_trial
+    confirm_dir = tmp_path / "sweep" / f"confirm_{best.number}"
+    config = OmegaConf.load(confirm_dir / ".hydra" / "config.yaml")
+    assert config.trainer.max_epochs == 3  # the full budget ...
+    for key, value in best.params.items():  # ... with the best trial's parameters
+        assert OmegaConf.select(config, key) == pytest.approx(value)
+    confirmed = json.loads((confirm_dir / RESULT_FILE).read_text())
+    assert study.user_attrs == {f"confirm_{best.number}": confirmed["value"]}
+    rows = read_summary(tmp_path / "sweep")
+    assert sorted(row["state"] for row in rows) == ["COMPLETE", "COMPLETE", "CONFIRM"]
+
+    again = run_sweep(tmp_path / "sweep", *two_stage)
+    assert again.returncode == 0, _explain(again)
+    assert "confirming trial" not in again.stdout + again.stderr
+    assert f"trial {best.number} is confirmed by another worker" in again.stdout + again.stderr
+    assert len(optuna.load_study(study_name="numbers", storage=storage).trials) == 2
 
 
 def start_worker(sweep_dir: Path, *overrides: str) -> subprocess.Popen:

@@ -178,6 +178,14 @@ def storage_url(storage: str | None, sweep_dir: Path) -> str:
     return f"sqlite:///{(sweep_dir / 'optuna.db').resolve()}"
 
 
+#: Optuna's journal storage records no heartbeats, so no worker can tell a dead one's trial.
+NO_JOURNAL_HEARTBEAT = (
+    "a journal file keeps no heartbeats: a worker killed mid-trial leaves its trial RUNNING "
+    "(it counts towards n_trials and is never retried); for dead-worker recovery use an "
+    "SQLAlchemy storage (sqlite:///<local disk>/study.db, postgresql://...)"
+)
+
+
 def open_storage(url: str, *, heartbeat_interval: int | None = None, max_retry: int = 0) -> Any:
     """An Optuna storage for ``url``: a SQLAlchemy URL, or ``journal:<file>`` (journal file).
 
@@ -199,7 +207,9 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, max_retry: 
 
             path = url.removeprefix("journal:").removeprefix("//")
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            return optuna.storages.JournalStorage(JournalFileBackend(path), **beat)
+            if heartbeat_interval:
+                log.warning(NO_JOURNAL_HEARTBEAT)
+            return optuna.storages.JournalStorage(JournalFileBackend(path))
         return optuna.storages.RDBStorage(url, skip_compatibility_check=False, **beat)
     except Exception as err:
         raise UserError(

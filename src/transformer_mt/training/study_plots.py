@@ -1,8 +1,10 @@
 """PNG plots of a study, with Optuna's matplotlib visualisation.
 
 Written into the sweep directory when a sweep ends, and on demand for any stored study
-(``scripts/study_plots.py``). A plot that cannot be drawn yet (parameter importances need two
-finished trials, intermediate values need a reported one) is skipped with its reason.
+(``scripts/study_plots.py``). Optuna draws an empty figure, with a warning, when a study is too
+young for a plot; such a plot is skipped here instead, with its reason in the log: no completed
+trial yet (every plot but the intermediate values), fewer than two (parameter importances), no
+reported value (intermediate values).
 """
 
 from __future__ import annotations
@@ -22,6 +24,22 @@ PLOTS = {
 }
 
 
+def missing(name: str, study: Any) -> str | None:
+    """Why ``study`` cannot have the plot ``name`` yet (None: it can)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    complete = sum(t.state == TrialState.COMPLETE for t in trials)
+    if name == "intermediate_values.png":
+        if not any(t.intermediate_values for t in trials):
+            return "no trial has reported a value yet"
+        return None
+    needed = 2 if name == "param_importances.png" else 1
+    if complete < needed:
+        return f"{complete} completed trial(s); the plot needs {needed}"
+    return None
+
+
 def write_plots(study: Any, out_dir: Path) -> list[Path]:
     """Write the four plots of ``study`` into ``out_dir``; return the files written."""
     import warnings
@@ -34,6 +52,9 @@ def write_plots(study: Any, out_dir: Path) -> list[Path]:
 
     written = []
     for name, function in PLOTS.items():
+        if (reason := missing(name, study)) is not None:
+            log.info("study plot %s skipped: %s", name, reason)
+            continue
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "experimental feature" on every call
@@ -44,6 +65,6 @@ def write_plots(study: Any, out_dir: Path) -> list[Path]:
             figure.savefig(out_dir / name, dpi=110)
             plt.close(figure)
             written.append(out_dir / name)
-        except Exception as err:  # too few trials for this plot; the others still come
+        except Exception as err:  # a plot Optuna cannot draw; the others still come
             log.info("study plot %s skipped: %s", name, " ".join(str(err).split()))
     return written

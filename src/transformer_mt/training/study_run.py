@@ -86,6 +86,8 @@ class StudyWorker:
         self.storage = st.open_storage(
             self.url, heartbeat_interval=self.heartbeat, max_retry=int(settings.max_retry)
         )
+        if not hasattr(self.storage, "record_heartbeat"):  # a journal file
+            self.heartbeat = 0
         self.study = st.open_study(
             self.storage,
             str(settings.study_name),
@@ -226,6 +228,9 @@ class StudyWorker:
         best = sorted(done, key=lambda t: t.value, reverse=reverse)[:top_k]
         returns = []
         for trial in best:
+            if not self._claim_confirmation(trial.number):
+                log.info("trial %d is confirmed by another worker or invocation", trial.number)
+                continue
             overrides = [
                 *self._overrides(trial.params),
                 *[str(o) for o in confirm.overrides],
@@ -239,6 +244,20 @@ class StudyWorker:
             self._record(job, trial.number, "CONFIRM", trial.params)
             returns.append(job)
         return returns
+
+    def _claim_confirmation(self, number: int) -> bool:
+        """True for the one worker, of all invocations on this storage, that confirms ``number``.
+
+        Creating a study is atomic in every Optuna storage (the second creator of a name gets
+        ``DuplicatedStudyError``), so an empty marker study is the claim: workers that end
+        together, or a later run of the same command, never confirm a trial twice.
+        """
+        name = f"{self.study.study_name}.confirm_{number}"
+        try:
+            self.storage.create_new_study([self.study.direction], study_name=name)
+        except optuna.exceptions.DuplicatedStudyError:
+            return False
+        return True
 
     def _finish(self) -> None:
         """``optimization_results.yaml`` and the plots of the study."""
