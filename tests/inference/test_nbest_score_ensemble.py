@@ -157,6 +157,23 @@ def test_score_errors_are_one_line(
     assert "line 1 has no tab" in capsys.readouterr().err
 
 
+def test_score_reads_bytes_that_are_not_utf8_as_translate_does(
+    ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Refused with the line named, or read as U+FFFD under --errors replace (with a warning)."""
+    src, tgt = tmp_path / "src.txt", tmp_path / "tgt.txt"
+    src.write_bytes(b"Anna has two apples.\nTom has caf\xe9s.\n")
+    tgt.write_text("Anna hat zwei \u00c4pfel.\nTom hat Caf\u00e9s.\n", encoding="utf-8")
+    base = ["--ckpt", str(ckpt), "--source", str(src), "--target", str(tgt)]
+    assert score_main(base) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {src}, line 2: not valid UTF-8") and "--errors replace" in line
+    out = tmp_path / "scores.tsv"
+    assert score_main([*base, "--errors", "replace", "-o", str(out)]) == 0
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 2
+    assert any(f"{src}: 1 line(s) are not valid UTF-8" in m for m in caplog.messages)
+
+
 def test_evaluate_nbest_writes_the_list_and_the_oracle_bleu(ckpt: Path, tmp_path: Path) -> None:
     one = evaluate(tmp_path / "one", f"ckpt_path={ckpt}", "decoding.beam_size=4")
     four = evaluate(

@@ -25,7 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_mt.checkpoint import CheckpointError
-from transformer_mt.files import write_text_atomic
+from transformer_mt.files import (
+    TEXT_ERRORS,
+    decode_lines,
+    read_lines,
+    replaced_lines_warning,
+    write_text_atomic,
+)
 from transformer_mt.inference.translate import (
     Translator,
     add_model_arguments,
@@ -35,6 +41,9 @@ from transformer_mt.inference.translate import (
 )
 
 log = logging.getLogger(__name__)
+
+#: The option that reads bytes that are not UTF-8 as U+FFFD instead of refusing the file.
+FIX = "--errors replace"
 
 
 @dataclass(frozen=True)
@@ -145,24 +154,28 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="cut sides longer than the model takes (with a warning) instead of refusing",
     )
+    parser.add_argument(
+        "--errors",
+        choices=TEXT_ERRORS,
+        default="strict",
+        help="input bytes that are not UTF-8: strict (refuse, naming the line) or replace "
+        "(read them as U+FFFD, with a warning that counts the lines)",
+    )
     return parser
 
 
-def _read_lines(name: str) -> list[str]:
-    """The lines of a UTF-8 file (``-`` = stdin), split on ``\\n`` only."""
-    try:
-        if name == "-":
-            data = sys.stdin.buffer.read()
-        else:
-            data = Path(name).read_bytes()
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise ValueError(f"{name} is not UTF-8 text (line {line}); convert it to UTF-8") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.rstrip("\r") for line in lines]
+def _read_lines(name: str, errors: str) -> list[str]:
+    """The lines of a text file (``-`` = stdin), read as every input is (``decode_lines``)."""
+    replaced: list[int] = []
+    if name == "-":
+        lines = list(
+            decode_lines(sys.stdin.buffer, "stdin", errors=errors, replaced=replaced, fix=FIX)
+        )
+    else:
+        lines, replaced = read_lines(name, "input", errors=errors, fix=FIX)
+    if warning := replaced_lines_warning(name, replaced):
+        log.warning(warning)
+    return lines
 
 
 def read_pairs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -171,7 +184,7 @@ def read_pairs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         if args.source or args.target:
             raise ValueError("give either -i PAIRS.tsv or --source S --target T, not both")
         sources, targets = [], []
-        for n, line in enumerate(_read_lines(args.input), start=1):
+        for n, line in enumerate(_read_lines(args.input, args.errors), start=1):
             if "\t" not in line:
                 raise ValueError(
                     f"{args.input} line {n} has no tab; each line must be source<TAB>target"
@@ -182,7 +195,8 @@ def read_pairs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         return sources, targets
     if not (args.source and args.target):
         raise ValueError("give --source S --target T (line-aligned files) or -i PAIRS.tsv")
-    sources, targets = _read_lines(args.source), _read_lines(args.target)
+    sources = _read_lines(args.source, args.errors)
+    targets = _read_lines(args.target, args.errors)
     if len(sources) != len(targets):
         raise ValueError(
             f"--source {args.source} has {len(sources)} lines but --target {args.target} has "
