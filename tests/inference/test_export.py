@@ -518,3 +518,34 @@ def test_evaluate_and_translate_decode_with_ctranslate2(
     assert results["ctranslate2"]["metrics"] == results["torch"]["metrics"]
     hyps = [Path(results[e]["hypotheses_path"]).read_text(encoding="utf-8") for e in results]
     assert hyps[0] == hyps[1]
+
+
+def test_translate_nbest_with_ctranslate2_writes_the_torch_list(
+    ckpt: Path, ct2_dir: Path, tmp_path: Path
+) -> None:
+    """``--engine ctranslate2 --nbest 3``: the same tsv lines (index, rank) as torch, the same
+    top hypothesis (beam 5, alpha 0) and scores within 1e-3 per token; jsonl likewise."""
+    from transformer_mt.inference.translate import main as translate_main
+
+    src = tmp_path / "in.en"
+    src.write_text("".join(t + "\n" for t in sources(6)), encoding="utf-8")
+    beam = ["--beam-size", "5", "--length-penalty", "0", "--nbest", "3"]
+    engines = {"torch": [], "ctranslate2": ["--engine", "ctranslate2", "--ct2-model", str(ct2_dir)]}
+    tsv, jsonl = {}, {}
+    for name, extra in engines.items():
+        for fmt, store in (("tsv", tsv), ("jsonl", jsonl)):
+            out = tmp_path / f"{name}.{fmt}"
+            args = ["--ckpt", str(ckpt), "-i", str(src), "-o", str(out), *beam, *extra]
+            assert translate_main([*args, "--format", fmt] if fmt == "jsonl" else args) == 0
+            store[name] = out.read_text(encoding="utf-8").splitlines()
+    rows = {name: [line.split("\t") for line in lines] for name, lines in tsv.items()}
+    assert [r[:2] for r in rows["ctranslate2"]] == [r[:2] for r in rows["torch"]]
+    assert len(rows["torch"]) == 6 * 3
+    tops = {name: [r[3] for r in found if r[1] == "1"] for name, found in rows.items()}
+    assert tops["ctranslate2"] == tops["torch"]
+    records = {name: [json.loads(line) for line in lines] for name, lines in jsonl.items()}
+    for mine, theirs in zip(records["torch"], records["ctranslate2"]):
+        assert mine["source"] == theirs["source"]
+        assert mine["hypotheses"][0]["text"] == theirs["hypotheses"][0]["text"]
+        top, other = mine["hypotheses"][0], theirs["hypotheses"][0]
+        assert abs(top["score"] - other["score"]) / (len(top["tokens"]) + 1) < 1e-3
