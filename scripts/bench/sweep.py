@@ -46,6 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-size", type=int, help="training sentences (default: 2,000)")
     p.add_argument("--val-size", type=int, help="validation sentences (default: 100)")
     p.add_argument("--seed", type=int, default=7, help="sampler seed")
+    p.add_argument(
+        "--part",
+        choices=("all", "pruning", "workers"),
+        default="all",
+        help="the pruning comparison, the worker comparison, or both",
+    )
 
 
 def _command(args: argparse.Namespace, sweep_dir: Path, extra: list[str]) -> list[str]:
@@ -128,26 +134,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "hydra.sweeper.pruner.reduction_factor=3",
     ]
     none = ["hydra.sweeper.pruner.name=none"]
+    pruning, workers = args.part in ("all", "pruning"), args.part in ("all", "workers")
+    studies, goals = {}, []
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
         root = Path(tmp)
-        studies = {
-            "unpruned": _study(args, root / "a", [f"hydra.sweeper.n_trials={n}", *none], 1),
-            "pruned": _study(args, root / "b", [f"hydra.sweeper.n_trials={n}", *sha], 1),
-            "one worker": _study(args, root / "c", [f"hydra.sweeper.n_trials={k}", *none], 1),
-            "two workers": _study(args, root / "d", [f"hydra.sweeper.n_trials={k}", *none], 2),
-        }
-    time_ratio = studies["pruned"]["seconds"] / studies["unpruned"]["seconds"]
-    worker_ratio = studies["two workers"]["seconds"] / studies["one worker"]["seconds"]
-    gap = (studies["unpruned"]["best"] or 0.0) - (studies["pruned"]["best"] or 0.0)
-    goals = [
-        goal("pruned / unpruned wall time", time_ratio, 0.40, higher_is_better=False),
-        goal("unpruned best - pruned best val/bleu", gap, 1.0, higher_is_better=False),
-        goal("two workers / one worker wall time", worker_ratio, 0.60, higher_is_better=False),
-    ]
+        if pruning:
+            studies["unpruned"] = _study(
+                args, root / "a", [f"hydra.sweeper.n_trials={n}", *none], 1
+            )
+            studies["pruned"] = _study(args, root / "b", [f"hydra.sweeper.n_trials={n}", *sha], 1)
+        if workers:
+            one = [f"hydra.sweeper.n_trials={k}", *none]
+            studies["one worker"] = _study(args, root / "c", one, 1)
+            studies["two workers"] = _study(args, root / "d", one, 2)
+    if pruning:
+        time_ratio = studies["pruned"]["seconds"] / studies["unpruned"]["seconds"]
+        gap = (studies["unpruned"]["best"] or 0.0) - (studies["pruned"]["best"] or 0.0)
+        goals += [
+            goal("pruned / unpruned wall time", time_ratio, 0.40, higher_is_better=False),
+            goal("unpruned best - pruned best val/bleu", gap, 1.0, higher_is_better=False),
+        ]
+    if workers:
+        worker_ratio = studies["two workers"]["seconds"] / studies["one worker"]["seconds"]
+        goals.append(
+            goal("two workers / one worker wall time", worker_ratio, 0.60, higher_is_better=False)
+        )
     settings = {
         k: v
         for k, v in vars(args).items()
-        if k in ("trials", "worker_trials", "epochs", "val_size", "train_size", "seed")
+        if k in ("trials", "worker_trials", "epochs", "val_size", "train_size", "seed", "part")
     }
     return {"settings": settings, "studies": studies, "goals": goals, "environment": environment()}
 

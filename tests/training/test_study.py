@@ -262,3 +262,33 @@ def test_every_shipped_search_space_parses_and_names_real_keys(
     assert len(space) >= 2
     st.check_keys(space, cfg)
     assert cfg.hydra.sweeper.direction == "maximize" and cfg.optimized_metric == "val/bleu"
+
+
+def test_a_worker_that_loses_the_race_to_create_the_tables_opens_the_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers starting on a new database: the one whose CREATE TABLE meets the other's
+    tables opens again and gets the storage, instead of an error line."""
+    real = optuna.storages.RDBStorage
+    calls: list[str] = []
+
+    def racing(url: str, **kwargs: object) -> object:
+        calls.append(url)
+        if len(calls) == 1:
+            raise RuntimeError("(sqlite3.OperationalError) table studies already exists")
+        return real(url, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    storage = st.open_storage(url)
+    assert len(calls) == 2 and storage.get_all_studies() == []
+    calls.clear()
+
+    def broken(url: str, **kwargs: object) -> object:
+        calls.append(url)
+        raise RuntimeError("unable to open database file")
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", broken)
+    with pytest.raises(UserError, match="cannot open the study storage"):
+        st.open_storage(url)
+    assert len(calls) == 1  # any other failure is not retried

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -210,13 +211,33 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, max_retry: 
             if heartbeat_interval:
                 log.warning(NO_JOURNAL_HEARTBEAT)
             return optuna.storages.JournalStorage(JournalFileBackend(path))
-        return optuna.storages.RDBStorage(url, skip_compatibility_check=False, **beat)
+        return _rdb_storage(url, beat)
     except Exception as err:
         raise UserError(
             f"cannot open the study storage {redact(url)}: {' '.join(str(err).split())[:300]}; "
             "check the URL (sqlite:///path.db, postgresql://user@host/db, journal:/path.log) "
             "and that its server or directory is reachable"
         ) from None
+
+
+#: What a database says when another worker created the study tables a moment before.
+_CREATED_MEANWHILE = ("already exists", "duplicate key", "UNIQUE constraint failed")
+
+
+def _rdb_storage(url: str, beat: dict[str, Any]) -> Any:
+    """An RDBStorage; workers that start together on a new database all get one.
+
+    The first connection creates the tables; a second worker creating them at the same moment
+    fails on the existing ones, and opening again then finds the schema complete.
+    """
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(url, skip_compatibility_check=False, **beat)
+        except Exception as err:
+            if attempt == 4 or not any(m in str(err) for m in _CREATED_MEANWHILE):
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def redact(url: str) -> str:
