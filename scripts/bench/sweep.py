@@ -3,7 +3,7 @@
 Four studies run one after the other, each a real ``python train.py -m
 hparams_search=numbers_optuna`` (the trials train, validate and write checkpoints; by default
 the trials of that search space as shipped: 2,000 sentences, 8 epochs of a 64-wide model, whose
-validation BLEU spreads from ~10 to ~60 with the learning rate, so pruning has something to
+validation BLEU spreads from ~1 to ~80 with the learning rate, so pruning has something to
 judge):
 
 * ``unpruned``: ``--trials`` trials (random sampler, seeded per trial number), no pruner;
