@@ -26,7 +26,6 @@ from pathlib import Path
 
 from transformer_mt.checkpoint import CheckpointError
 from transformer_mt.files import (
-    TEXT_ERRORS,
     decode_lines,
     read_lines,
     replaced_lines_warning,
@@ -34,6 +33,7 @@ from transformer_mt.files import (
 )
 from transformer_mt.inference.translate import (
     Translator,
+    add_errors_argument,
     add_model_arguments,
     configure_logging,
     open_translator,
@@ -154,13 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="cut sides longer than the model takes (with a warning) instead of refusing",
     )
-    parser.add_argument(
-        "--errors",
-        choices=TEXT_ERRORS,
-        default="strict",
-        help="input bytes that are not UTF-8: strict (refuse, naming the line) or replace "
-        "(read them as U+FFFD, with a warning that counts the lines)",
-    )
+    add_errors_argument(parser)
     return parser
 
 

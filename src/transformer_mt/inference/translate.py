@@ -309,6 +309,17 @@ def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
+def add_errors_argument(parser: argparse.ArgumentParser) -> None:
+    """``--errors``: how every command that reads text treats bytes that are not UTF-8."""
+    parser.add_argument(
+        "--errors",
+        choices=TEXT_ERRORS,
+        default="strict",
+        help="input bytes that are not UTF-8: strict (refuse, naming the line) or replace "
+        "(read them as U+FFFD, with a warning that counts the lines)",
+    )
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of every command that decodes or scores with checkpoints."""
     parser.add_argument(
@@ -383,13 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=10000,
         help="lines read, sorted and translated at a time (default 10000)",
     )
-    parser.add_argument(
-        "--errors",
-        choices=TEXT_ERRORS,
-        default="strict",
-        help="input bytes that are not UTF-8: strict (refuse, naming the line) or replace "
-        "(read them as U+FFFD, with a warning that counts the lines)",
-    )
+    add_errors_argument(parser)
     return parser
 
 
