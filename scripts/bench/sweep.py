@@ -32,10 +32,10 @@ from bench.common import Table, environment, goal
 NAME = "sweep"
 HELP = "pruned vs unpruned study, one vs two workers (numbers task, real trials)"
 QUICK = {"trials": 2, "worker_trials": 2, "epochs": 2, "train_size": 300, "val_size": 20}
-#: Validations per trial when --epochs is not given (numbers_optuna.yaml's max_epochs).
-CONFIG_EPOCHS = 8
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The search space whose trials the studies run.
+SPACE_FILE = ROOT / "configs" / "hparams_search" / "numbers_optuna.yaml"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,6 +68,13 @@ def _command(args: argparse.Namespace, sweep_dir: Path, extra: list[str]) -> lis
         f"hydra.sweep.dir={sweep_dir}",
         *extra,
     ]
+
+
+def _space_epochs() -> int:
+    """Validations per trial of the search space as shipped (its trainer.max_epochs)."""
+    from omegaconf import OmegaConf
+
+    return int(OmegaConf.load(SPACE_FILE).trainer.max_epochs)
 
 
 def _sizes(args: argparse.Namespace) -> list[str]:
@@ -126,7 +133,7 @@ def _study(args: argparse.Namespace, sweep_dir: Path, extra: list[str], workers:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the four studies; return settings, results, goals and the environment."""
     n, k = args.trials, args.worker_trials
-    epochs = args.epochs or CONFIG_EPOCHS
+    epochs = args.epochs or _space_epochs()
     sha = [
         "hydra.sweeper.pruner.name=successive_halving",
         # The first rung at the first validation, on the 5% grid trials report on.

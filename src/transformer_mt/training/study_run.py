@@ -181,7 +181,7 @@ class StudyWorker:
     @contextlib.contextmanager
     def _beating(self, trial_id: int) -> Iterator[None]:
         """Record the trial's heartbeat every ``heartbeat_interval`` seconds while it runs."""
-        if not self.heartbeat or not hasattr(self.storage, "record_heartbeat"):
+        if not self.heartbeat:
             yield
             return
         stop = threading.Event()
