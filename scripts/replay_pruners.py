@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_mt.errors import UserError, guarded
-from transformer_mt.training.pruning import GRID
+from transformer_mt.training.pruning import grid_step
 from transformer_mt.training.study import make_pruner
 
 #: Pruners tried when --pruner is not given (hydra.sweeper.pruner settings).
@@ -45,7 +45,7 @@ CANDIDATES: list[dict[str, Any]] = [
 
 def report_steps(validations: int) -> list[int]:
     """The grid steps at which a trial of ``validations`` evenly spaced validations reports."""
-    return [GRID * (math.ceil(100 * k / validations) // GRID) for k in range(1, validations + 1)]
+    return [grid_step(math.ceil(100 * k / validations)) for k in range(1, validations + 1)]
 
 
 def load_trials(sweep: str, study_name: str) -> list[dict[str, Any]]:

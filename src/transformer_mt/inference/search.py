@@ -312,9 +312,8 @@ class _Beam:
                         self.finished[b].append((total / _divisor(len(hyp), search), hyp))
         out = []
         for hyps in self.finished:
-            ranked = sorted(hyps, key=lambda h: -h[0])[
-                : search.nbest
-            ]  # stable: ties keep their order
+            # sorted() is stable: ties keep their order.
+            ranked = sorted(hyps, key=lambda h: -h[0])[: search.nbest]
             out.append([Hypothesis(_strip_eos(h, eos_id), s) for s, h in ranked])
         return out
 

@@ -41,7 +41,7 @@ from transformer_mt.files import (
 )
 from transformer_mt.inference.decode import Engine, best_tokens, decode, progress_bar, score
 from transformer_mt.inference.engine import TorchEngine
-from transformer_mt.inference.search import Hypothesis, SearchConfig
+from transformer_mt.inference.search import LENGTH_NORMS, Hypothesis, SearchConfig
 
 log = logging.getLogger(__name__)
 
@@ -370,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--length-penalty", type=float, help="length penalty alpha")
     parser.add_argument(
         "--length-norm",
-        choices=("gnmt", "power"),
+        choices=LENGTH_NORMS,
         help="divide beam scores by ((5 + |Y|) / 6) ** alpha (gnmt) or |Y| ** alpha (power)",
     )
     parser.add_argument("--max-len-a", type=float, help="output length cap a * src_len + b: a")

@@ -35,6 +35,11 @@ log = logging.getLogger(__name__)
 GRID = 5
 
 
+def grid_step(percent: int) -> int:
+    """The grid point a validation at ``percent`` of the budget reports at."""
+    return GRID * (percent // GRID)
+
+
 class StudyTrial:
     """The running trial of a study, opened from its storage in the job's process."""
 
@@ -54,7 +59,7 @@ class StudyTrial:
         """Record ``value`` at ``percent`` of the budget; True when the trial should stop."""
         from transformer_mt.training.study import PRUNED_AT
 
-        step = GRID * (percent // GRID)
+        step = grid_step(percent)
         if self.reported is not None and self.last_value is not None:
             # Every grid point since the previous validation gets the value known then.
             for between in range(self.reported + GRID, step, GRID):
