@@ -25,7 +25,7 @@ print(select_checkpoints(sys.argv[1], 1, "best")[0])' "$run")  # by val/bleu
   for ckpt in "$best" "$run/checkpoints/averaged-last5.ckpt"; do
     name=$(basename "$ckpt" .ckpt)
     $PY evaluate.py ckpt_path="$ckpt" decoding.beam_size=1 hydra.run.dir="$run/eval/$name-greedy"
-    # Beam 5 with the length normalisation the preset stores (de->en: alpha 1.0, power).
+    # Beam 5 with the length normalisation the preset stores (alpha 1.0, power).
     $PY evaluate.py ckpt_path="$ckpt" decoding.beam_size=5 hydra.run.dir="$run/eval/$name-beam5"
   done
 done
