@@ -1,10 +1,10 @@
 """Train a Transformer: `python train.py [experiment=multi30k_de_en] [key=value ...]`.
 
-The command `transformer-mt-train` of an installed package, run from the checkout: Hydra composes
-configs/train.yaml and transformer_mt.training.run.run does the work (transformer_mt.commands).
+The command `transformer-mt-train` of an installed package (transformer_mt.cli.train), run
+from the checkout.
 """
 
-from transformer_mt.commands import train
+from transformer_mt.cli.train import main
 
 if __name__ == "__main__":
-    train()
+    main()

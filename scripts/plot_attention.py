@@ -24,10 +24,9 @@ import torch
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
+from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model, resolve_device
 from transformer_mt.inference.attention_maps import KINDS, record_maps
 from transformer_mt.inference.search import SearchConfig, generate
-from transformer_mt.inference.translate import resolve_device
 
 
 @torch.no_grad()

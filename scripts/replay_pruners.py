@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_mt.errors import UserError, guarded
-from transformer_mt.training.pruning import grid_step
-from transformer_mt.training.study import make_pruner
+from transformer_mt.training.pruning import grid_step, make_pruner
 
 #: Pruners tried when --pruner is not given (hydra.sweeper.pruner settings).
 CANDIDATES: list[dict[str, Any]] = [

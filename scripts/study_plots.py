@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import optuna
 
-    from transformer_mt.training.study import open_storage
-    from transformer_mt.training.study_plots import write_plots
+    from transformer_mt.sweeps.plots import write_plots
+    from transformer_mt.training.pruning import open_storage
 
     try:
         storage = open_storage(args.storage)

@@ -5,7 +5,7 @@ python scripts/translate.py --ckpt run/checkpoints/last.ckpt < input.en > output
 
 import sys
 
-from transformer_mt.inference.translate import main
+from transformer_mt.cli.translate import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_mt.commands import register_configs
+from transformer_mt.cli.hydra_app import register_configs
 from transformer_mt.errors import DEBUG_VARIABLES
 from transformer_mt.model.transformer import ModelConfig, Transformer
 
@@ -159,6 +159,9 @@ def train_py(
     """
     full_env = {k: v for k, v in os.environ.items() if k not in DEBUG_VARIABLES}
     full_env.update(OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    # The test-only callbacks (tests/faults.py) are importable by their module name.
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
+    full_env.update(PYTHONPATH=path)
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "train.py", f"hydra.run.dir={hydra_dir}", *args],
@@ -254,7 +257,7 @@ def evaluate(tmp_path: Path, *overrides: str) -> dict:
     """evaluate.py's pipeline on a composed config, writing into ``tmp_path``."""
     from hydra import compose, initialize_config_dir
 
-    from transformer_mt.inference.evaluate import run
+    from transformer_mt.cli.evaluate import evaluate as run
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("evaluate", overrides=[f"run_dir={tmp_path}", "progress=false", *overrides])

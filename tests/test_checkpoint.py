@@ -17,9 +17,9 @@ from transformer_mt.checkpoint import (
     save_checkpoint,
     write_metadata,
 )
+from transformer_mt.cli.translate import main as translate_main
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.inference.averaging import average_checkpoints, select_checkpoints
-from transformer_mt.inference.translate import main as translate_main
 from transformer_mt.model.transformer import Transformer
 
 from conftest import DATA_OVERRIDES, best_checkpoint, evaluate, tiny_config, train_tiny_run

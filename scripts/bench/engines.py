@@ -90,8 +90,8 @@ def engines(ckpt: Path, work: Path, threads: int) -> dict[str, Any]:
     import transformers
 
     from transformer_mt.checkpoint import load_model
+    from transformer_mt.export.convert import export_ctranslate2, export_huggingface
     from transformer_mt.inference.ctranslate2_engine import CTranslate2Engine
-    from transformer_mt.inference.export import export_ctranslate2, export_huggingface
 
     loaded = load_model(ckpt)
     hf_dir = export_huggingface(ckpt, work / "hf", force=True)
@@ -233,7 +233,7 @@ def checkpoint_contenders(
 ) -> dict[str, Callable[[int], list[str]]]:
     """Engine -> translate the first n sentences of ``sources`` with beam ``beam``."""
     from transformer_mt.inference.search import SearchConfig
-    from transformer_mt.inference.translate import Translator
+    from transformer_mt.inference.translator import Translator
 
     loaded = e["loaded"]
     known = set(SearchConfig.__dataclass_fields__)

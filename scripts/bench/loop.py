@@ -124,7 +124,7 @@ def compose_config(args: argparse.Namespace, run_dir: Path, precision: str) -> A
     """The training config the real loop runs: the preset, validation and tests off."""
     from hydra import compose, initialize_config_dir
 
-    from transformer_mt.commands import register_configs
+    from transformer_mt.cli.hydra_app import register_configs
 
     multi30k = args.data == "multi30k"
     overrides = (

@@ -76,14 +76,15 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
 
 def offline_engine(args: argparse.Namespace) -> Any:
     """The engine ``transformer-mt-translate`` builds, with the benchmark's options."""
-    from transformer_mt.serve.engine import Options, ServedModel
+    from transformer_mt.cli.options import converter
+    from transformer_mt.serve.model import ServedModel
 
-    model = ServedModel(
+    model = ServedModel.open(
         args.ckpt, engine=args.engine, ct2_model=args.ct2_model,
-        compute_type=args.compute_type, threads=args.threads,
+        compute_type=args.compute_type, threads=args.threads, convert=converter(args),
     )  # fmt: skip
-    options = Options(beam_size=args.beam_size)
-    return lambda lines: model.translate(lines, options)
+    search = model.search(beam_size=args.beam_size)
+    return lambda lines: model.translate(lines, search)
 
 
 def timed(fn: Any, *args: Any) -> float:
@@ -95,7 +96,7 @@ def timed(fn: Any, *args: Any) -> float:
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
     script = Path(sys.executable).with_name("transformer-mt-serve")
     command = (
-        [str(script)] if script.exists() else [sys.executable, "-m", "transformer_mt.serve.server"]
+        [str(script)] if script.exists() else [sys.executable, "-m", "transformer_mt.cli.serve"]
     )
     command += ["--ckpt", str(args.ckpt), "--port", "0", "--threads", str(args.threads)]
     command += ["--window-ms", str(args.window_ms), *engine_flags(args)]

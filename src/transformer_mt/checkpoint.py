@@ -29,7 +29,9 @@ from typing import Any
 
 import torch
 
+from transformer_mt.data.config import DataConfig
 from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.errors import SettingError
 from transformer_mt.files import atomic_write
 from transformer_mt.model.transformer import ModelConfig, Transformer
 
@@ -233,6 +235,15 @@ class LoadedModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def data_config(self) -> DataConfig | None:
+        """The data config this checkpoint trained on (``None`` if it stores none)."""
+        if not self.data:
+            return None
+        try:
+            return DataConfig.from_dict(self.data)
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(f"{self.path} holds an invalid data config: {err}") from None
+
 
 def _config_and_tokenizer(extra: dict[str, Any], path: Path) -> tuple[ModelConfig, Tokenizer]:
     """The model config and tokenizer a checkpoint stores, checked against each other."""
@@ -320,3 +331,18 @@ def build_model(
 def load_model(path: str | os.PathLike[str], device: str = "cpu") -> LoadedModel:
     """:func:`load_checkpoint` then :func:`build_model`: a checkpoint file to a usable model."""
     return build_model(load_checkpoint(path), path, device)
+
+
+def resolve_device(device: str | None) -> str:
+    """``"auto"``/``None`` -> ``"cuda"`` if available, else ``"mps"`` if available, else CPU."""
+    if device in (None, "", "auto"):
+        if torch.cuda.is_available():
+            return "cuda"
+        if torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise SettingError(
+            f"device {device} needs CUDA, which is not available", [("device", "cpu")], lead="use"
+        )
+    return str(device)

@@ -31,11 +31,12 @@ What the user sees on stderr, and the exit status:
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import re
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from hydra.errors import CompactHydraException
@@ -69,6 +70,54 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 class UserError(Exception):
     """A problem the user can fix; the message states the cause and the fix in one sentence."""
+
+
+class SettingError(ValueError):
+    """A setting with a value that cannot work, and the values that would.
+
+    The library knows a setting by its name (``beam_size``); only a command knows how its user
+    spells it (``decoding.beam_size=`` for Hydra, ``--beam-size`` for flags). So the message
+    keeps the fix apart: ``fix`` holds ``(setting, value)`` pairs that :meth:`render` writes in
+    the caller's spelling; ``str(err)`` spells them ``setting=value``.
+
+    Args:
+        problem: what is wrong, naming the setting (``beam_size must be >= 1, got 0``).
+        fix: the settings and values to try, in order.
+        lead: the words before the fix (``set``, ``use e.g.``).
+        tail: words after it (``(greedy) or more``).
+    """
+
+    def __init__(
+        self, problem: str, fix: Sequence[tuple[str, Any]], *, lead: str = "set", tail: str = ""
+    ) -> None:
+        self.problem, self.fix, self.lead, self.tail = problem, tuple(fix), lead, tail
+        super().__init__(self.render())
+
+    def render(self, spell: Callable[[str, Any], str] | None = None) -> str:
+        """The message with each fix written by ``spell(setting, value)`` (default ``k=v``)."""
+        spell = spell or (lambda key, value: f"{key}={value}")
+        fixes = " ".join(spell(key, value) for key, value in self.fix)
+        return f"{self.problem}; {self.lead} {fixes}{' ' + self.tail if self.tail else ''}"
+
+
+class ExportError(UserError, ValueError):
+    """A model cannot be exported, or an exported one read, as asked; the message names the
+    option and the fix."""
+
+
+#: How to get the optional dependencies of export and the CTranslate2 engine.
+EXPORT_EXTRA_HINT = (
+    "install the export extra: pip install '.[export]' in a clone of transformer-mt, or "
+    "pip install 'dist/transformer_mt-<version>-py3-none-any.whl[export]' for a wheel"
+)
+
+
+def require_export_extra(module: str) -> Any:
+    """Import an optional dependency of the ``export`` extra, or fail naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ExportError(f"{module} is not installed ({err}); {EXPORT_EXTRA_HINT}") from None
 
 
 class NonFiniteLossError(RuntimeError):

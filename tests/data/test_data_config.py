@@ -11,6 +11,7 @@ from hydra.utils import instantiate
 
 from transformer_mt.data.config import DataConfig, stored_overrides
 from transformer_mt.inference.evaluate import resolve_data_config
+from transformer_mt.inference.settings import data_overrides
 
 from conftest import CONFIGS
 
@@ -95,7 +96,7 @@ def test_evaluate_overrides_cover_every_key_and_merge_over_the_stored_config() -
         data = stored.to_dict()
         path = Path("model.ckpt")
 
-    config, origin = resolve_data_config(cfg.data, Loaded())
+    config, origin = resolve_data_config(data_overrides(cfg.data), Loaded())
     assert origin == "checkpoint"
     changed = replace(stored, max_len=20, prefixes={**stored.prefixes, "test": "test_2017_flickr"})
     assert config == changed

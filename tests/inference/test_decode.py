@@ -20,12 +20,12 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from transformer_mt.cli.translate import main as translate_main
 from transformer_mt.data.collate import Collate
 from transformer_mt.data.sources import generate_numbers_corpus
 from transformer_mt.inference.decode import best_tokens, decode
 from transformer_mt.inference.metrics import corpus_scores
 from transformer_mt.inference.search import Hypothesis, SearchConfig
-from transformer_mt.inference.translate import main as translate_main
 
 from conftest import CONFIGS, best_checkpoint, evaluate, tiny_config, trainer_test_metrics
 

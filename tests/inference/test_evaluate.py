@@ -191,7 +191,8 @@ def test_a_decoding_sweep_ranks_settings_and_its_best_is_reused(
         tmp_path / "over", f"ckpt_path={ckpt}", f"decoding_from={sweep_dir}", "decoding.beam_size=2"
     )
     assert override["decoding"]["beam_size"] == 2  # an explicit decoding.* wins
-    from transformer_mt.inference.translate import build_parser, decoding_from
+    from transformer_mt.cli.translate import build_parser
+    from transformer_mt.inference.translator import decoding_from
 
     args = build_parser().parse_args(
         ["--ckpt", str(ckpt), "--decoding-from", str(sweep_dir / "best_decoding.yaml")]

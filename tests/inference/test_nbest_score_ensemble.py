@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from transformer_mt.checkpoint import load_model
-from transformer_mt.inference.score import main as score_main
+from transformer_mt.cli.score import main as score_main
+from transformer_mt.cli.translate import main as translate_main
 from transformer_mt.inference.search import SearchConfig
-from transformer_mt.inference.translate import Translator
-from transformer_mt.inference.translate import main as translate_main
+from transformer_mt.inference.translator import Translator
 
 from conftest import FIXTURES, best_checkpoint, evaluate, train_tiny_run
 

@@ -87,7 +87,7 @@ def _ct2_export(ckpt: Path, out: Path) -> Path | None:
         import transformers  # noqa: F401
     except ImportError:
         return None
-    from transformer_mt.inference.export import export_ctranslate2, export_huggingface
+    from transformer_mt.export.convert import export_ctranslate2, export_huggingface
 
     hf = export_huggingface(ckpt, out.with_name(out.name + "-hf"))
     return export_ctranslate2(hf, out)

@@ -18,16 +18,16 @@ pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[
 from fastapi.testclient import TestClient
 
 from transformer_mt.checkpoint import CHECKPOINT_KEY, load_model, save_checkpoint
+from transformer_mt.cli.serve import main as serve_main
+from transformer_mt.cli.translate import main as translate_main
 from transformer_mt.data.numbers import number_sentences
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.inference.attention_maps import record_maps
-from transformer_mt.inference.translate import Candidate, Translation
-from transformer_mt.inference.translate import main as translate_main
+from transformer_mt.inference.translator import Candidate, Translation
 from transformer_mt.model.transformer import ModelConfig, Transformer
 from transformer_mt.serve.app import create_app
-from transformer_mt.serve.engine import ServedModel
 from transformer_mt.serve.limits import Limits
-from transformer_mt.serve.server import main as serve_main
+from transformer_mt.serve.model import ServedModel
 
 from conftest import tiny_config
 
@@ -77,7 +77,7 @@ def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def client(tiny_ckpt: Path) -> Any:
     limits = Limits(max_sentences=16, max_chars=2000, max_beam=4)
-    with TestClient(create_app(ServedModel(tiny_ckpt), limits)) as client:
+    with TestClient(create_app(ServedModel.open(tiny_ckpt), limits)) as client:
         yield client
 
 
@@ -113,13 +113,15 @@ def test_translate_equals_the_translate_command(
 
 def test_ctranslate2_engine_equals_the_translate_command(tiny_ckpt: Path, tmp_path: Path) -> None:
     pytest.importorskip("ctranslate2", reason="needs the export extra")
-    from transformer_mt.inference.export import export_ctranslate2, export_huggingface
+    from transformer_mt.export.convert import export_ctranslate2, export_huggingface
 
     ct2 = export_ctranslate2(export_huggingface(tiny_ckpt, tmp_path / "hf"), tmp_path / "ct2")
     flags = ["--engine", "ctranslate2", "--ct2-model", str(ct2), "--compute-type", "int8"]
     for options, extra in (({}, []), ({"beam_size": 2}, ["--beam-size", "2"])):
         expected = cli_translate(tiny_ckpt, tmp_path, LINES, *flags, *extra)
-        model = ServedModel(tiny_ckpt, engine="ctranslate2", ct2_model=ct2, compute_type="int8")
+        model = ServedModel.open(
+            tiny_ckpt, engine="ctranslate2", ct2_model=ct2, compute_type="int8"
+        )
         with TestClient(create_app(model)) as client:
             got = client.post("/translate", json={"text": LINES, **options}).json()
             assert got["translations"] == expected
@@ -225,6 +227,9 @@ class BlockingModel:
         self.calls: list[list[str]] = []
         self.release = threading.Event()
         self.entered = threading.Event()
+
+    def search(self, **options: Any) -> tuple[tuple[str, Any], ...]:
+        return tuple(sorted(options.items()))  # hashable, as the batcher groups by it
 
     def translate(self, lines: list[str], options: Any) -> list[Translation]:
         self.calls.append(list(lines))
@@ -361,7 +366,7 @@ def test_an_ensemble_equals_the_translate_command(tiny_ckpt: Path, tmp_path: Pat
     expected = cli_translate(tiny_ckpt, tmp_path, LINES, *flags)
     alone = cli_translate(tiny_ckpt, tmp_path, LINES, "--beam-size", "2")
     assert expected != alone  # the second model changes the outputs
-    with TestClient(create_app(ServedModel([tiny_ckpt, other]))) as client:
+    with TestClient(create_app(ServedModel.open([tiny_ckpt, other]))) as client:
         got = client.post("/translate", json={"text": LINES, "beam_size": 2}).json()
         assert got["translations"] == expected
         assert client.get("/model").json()["ensemble"] == ["tiny.ckpt", "other.ckpt"]

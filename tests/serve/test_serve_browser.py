@@ -48,7 +48,7 @@ def serve_command() -> list[str]:
     script = Path(sys.executable).with_name("transformer-mt-serve")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-m", "transformer_mt.serve.server"]
+    return [sys.executable, "-m", "transformer_mt.cli.serve"]
 
 
 @pytest.fixture(scope="module")

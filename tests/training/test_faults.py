@@ -1,7 +1,7 @@
 """Faults during training: kill -9, Ctrl-C, SIGTERM, a full disk, a diverging loss, determinism.
 
 Every fault is sent at a known training step by the test-only callback
-:class:`~transformer_mt.training.faults.FaultInjection` (``+callbacks.fault=...``): the
+:class:`~faults.FaultInjection` (``+callbacks.fault=...``): the
 process signals itself, or fills its disk, once N optimizer steps are done. No test waits for
 a file and then sleeps before signalling, so a slow or a fast machine cannot change the outcome.
 The subprocess tests run the real ``python train.py`` with tiny settings (tests/conftest.py
@@ -32,10 +32,10 @@ from transformer_mt.training.callbacks import (
     is_interrupt,
     weights_are_finite,
 )
-from transformer_mt.training.faults import FaultInjection
 from transformer_mt.training.run import run
 
 from conftest import FAST_TRAIN, compose_train, error_line, mounted_tmpfs, train_py
+from faults import FaultInjection
 
 STEPS_PER_EPOCH = 25  # FAST_TRAIN: 300 pairs, max_tokens 512
 EPOCHS = 8
@@ -48,7 +48,7 @@ LONG_RUN = [
     "test_after_fit=false",
     f"callbacks.recent_checkpoints.every_n_train_steps={SAVE_EVERY}",
 ]
-FAULT = "transformer_mt.training.faults.FaultInjection"
+FAULT = "faults.FaultInjection"
 
 
 def fault(kind: str, at_step: int, phase: str = "batch_start") -> list[str]:

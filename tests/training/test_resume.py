@@ -37,7 +37,7 @@ RESUME_RUN = [
     "callbacks.recent_checkpoints.every_n_train_steps=5",
     "callbacks.recent_checkpoints.save_top_k=-1",
 ]
-FAULT = "transformer_mt.training.faults.FaultInjection"
+FAULT = "faults.FaultInjection"
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -1,7 +1,7 @@
 """The Hydra plugin class of the Optuna sweeper: configuration and work live in the package.
 
 Hydra instantiates plugin classes from the ``hydra_plugins`` namespace only. Importing this
-module registers ``hydra/sweeper: optuna_study`` (transformer_mt.training.sweeper); Optuna
+module registers ``hydra/sweeper: optuna_study`` (transformer_mt.sweeps.sweeper); Optuna
 itself loads only when a sweep runs.
 """
 
@@ -14,11 +14,11 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_mt.training import sweeper
+from transformer_mt.sweeps import sweeper
 
 
 class OptunaStudySweeper(Sweeper):
-    """One worker of an Optuna study (transformer_mt.training.sweeper.sweep)."""
+    """One worker of an Optuna study (transformer_mt.sweeps.sweeper.sweep)."""
 
     def __init__(self, **settings: Any) -> None:
         self.settings = OmegaConf.create(settings)

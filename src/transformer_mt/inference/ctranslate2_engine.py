@@ -4,9 +4,9 @@ wrote, through the one decode loop (:mod:`transformer_mt.inference.decode`).
 :class:`CTranslate2Engine` implements :class:`~transformer_mt.inference.decode.Engine` on the
 collated batches every engine gets: the same source rows (``ids + <eos>``), the same
 per-sentence length cap ``max_len_a * source length + max_len_b`` (``<eos>`` included), and the
-same ``<pad>``/``<bos>`` never generated. Greedy output is token-for-token ours; beam search
-differs only in the length penalty convention (CTranslate2 divides by ``length ** alpha``, ours
-by GNMT's ``((5 + length) / 6) ** alpha``), so scores agree at alpha 0.
+same ``<pad>``/``<bos>`` never generated. Greedy output is token-for-token ours. CTranslate2's
+beam search divides scores by ``length ** alpha``: ours with ``length_norm=power``; with our
+default ``gnmt`` the two rank hypotheses alike only at alpha 0.
 
 ``compute_type="int8"`` quantizes a float32 model when it is loaded, so one converted directory
 serves both precisions.
@@ -18,17 +18,23 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from transformer_mt.checkpoint import LoadedModel
 from transformer_mt.data.tokenizer import BOS, PAD, Tokenizer
-from transformer_mt.inference.export_hf import ExportError, _require
+from transformer_mt.errors import ExportError, require_export_extra
 from transformer_mt.inference.search import Hypothesis, SearchConfig
 
 log = logging.getLogger(__name__)
+
+#: Writes the CTranslate2 model of a loaded checkpoint into a new directory. The export wing
+#: has it (:func:`transformer_mt.export.convert.convert_for_engine`); a command passes it in,
+#: since decoding sits below export.
+Converter = Callable[[LoadedModel, Path], object]
 
 #: Where the exporter keeps our tokenizer and metadata inside an exported directory.
 META_DIR = "transformer_mt"
@@ -63,30 +69,17 @@ class CTranslate2Engine:
         self._tmp: Any = None
 
     @classmethod
-    def from_checkpoint(
-        cls,
-        ckpt: str | os.PathLike[str],
-        cache_dir: str | os.PathLike[str] | None = None,
-        **kw: Any,
-    ) -> CTranslate2Engine:
-        """Convert ``ckpt`` (into ``cache_dir``, else a temporary directory) and load it.
+    def converted(cls, loaded: LoadedModel, convert: Converter, **kw: Any) -> CTranslate2Engine:
+        """Convert ``loaded`` with ``convert`` into a temporary directory and load it there.
 
-        An existing conversion in ``cache_dir`` is reused.
+        The directory is removed with the engine.
         """
-        from transformer_mt.inference.export import export_ctranslate2, export_huggingface
-
-        tmp = None
-        if cache_dir is None:
-            tmp = tempfile.TemporaryDirectory(prefix="transformer-mt-ct2-")
-            cache_dir = Path(tmp.name) / "ct2"
-        target = Path(cache_dir)
-        if not (target / "model.bin").is_file():
-            log.info("converting %s to CTranslate2 in %s", ckpt, target)
-            with tempfile.TemporaryDirectory() as hf_tmp:
-                hf_dir = export_huggingface(ckpt, Path(hf_tmp) / "hf")
-                export_ctranslate2(hf_dir, target, force=True)
+        tmp = tempfile.TemporaryDirectory(prefix="transformer-mt-ct2-")
+        target = Path(tmp.name) / "ct2"
+        log.info("converting %s to CTranslate2 in %s", loaded.path, target)
+        convert(loaded, target)
         engine = cls(target, **kw)
-        engine._tmp = tmp  # removed with the engine
+        engine._tmp = tmp
         return engine
 
     def _source_tokens(self, batch: dict[str, Any]) -> tuple[list[int], list[list[str]]]:
@@ -220,7 +213,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _load_translator(model_dir: Path, compute_type: str, threads: int, device: str) -> Any:
     """The ``ctranslate2.Translator``; one line naming the cause when it cannot load."""
-    ctranslate2 = _require("ctranslate2")
+    ctranslate2 = require_export_extra("ctranslate2")
     try:
         return ctranslate2.Translator(
             str(model_dir),

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from transformer_mt.checkpoint import CheckpointError, LoadedModel
+from transformer_mt.errors import SettingError
+from transformer_mt.inference.ctranslate2_engine import Converter, CTranslate2Engine
 from transformer_mt.inference.decode import Engine
 from transformer_mt.inference.search import Hypothesis, SearchConfig, as_models, search_batch
 from transformer_mt.model.transformer import Transformer
@@ -129,29 +131,36 @@ def open_engine(
     ct2_model: str | os.PathLike[str] | None = None,
     compute_type: str | None = None,
     threads: int | None = None,
+    convert: Converter | None = None,
 ) -> Engine:
     """The engine ``kind`` (``"torch"``, default, or ``"ctranslate2"``) for ``loaded``.
 
-    ``ct2_model``: a directory written by ``transformer-mt-export --format ctranslate2`` (else
-    the checkpoint is converted into a temporary directory first, which takes seconds).
+    ``ct2_model``: a directory written by ``transformer-mt-export --format ctranslate2``; else
+    ``convert`` writes one from the loaded checkpoint into a temporary directory that lives as
+    long as the engine.
 
     Raises:
-        ValueError: an unknown engine, or CTranslate2 asked for an ensemble.
+        ValueError: an unknown engine, CTranslate2 asked for an ensemble, or neither a model
+            directory nor a converter.
     """
     if kind in (None, "", "torch"):
         return TorchEngine.from_loaded(loaded)
     if kind != "ctranslate2":
         raise ValueError(f"unknown engine {kind!r}; use one of {', '.join(ENGINES)}")
     if len(loaded) != 1:
-        raise ValueError(
-            f"the ctranslate2 engine decodes one checkpoint, got {len(loaded)}; decode an "
-            "ensemble with the torch engine (engine=torch / --engine torch)"
+        raise SettingError(
+            f"the ctranslate2 engine decodes one checkpoint, got {len(loaded)}",
+            [("engine", "torch")],
+            lead="decode an ensemble with",
         )
-    from transformer_mt.inference.ctranslate2_engine import CTranslate2Engine
-
     options: dict[str, Any] = {"compute_type": compute_type, "threads": threads}
     options = {k: v for k, v in options.items() if v is not None}
     options["tokenizer"] = loaded[0].tokenizer  # the model directory's must be the checkpoint's
     if ct2_model:
         return CTranslate2Engine(ct2_model, **options)
-    return CTranslate2Engine.from_checkpoint(loaded[0].path, **options)
+    if convert is None:
+        raise ValueError(
+            "the ctranslate2 engine needs a CTranslate2 model directory here; write one with "
+            "transformer-mt-export --ckpt CKPT --out DIR --format ctranslate2"
+        )
+    return CTranslate2Engine.converted(loaded[0], convert, **options)

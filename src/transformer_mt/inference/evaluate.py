@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
+from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model, resolve_device
 from transformer_mt.data.collate import source_limit
 from transformer_mt.data.config import DataConfig
 from transformer_mt.data.prepare import PreparedData, decode_loader, prepare
@@ -41,15 +41,11 @@ from transformer_mt.files import (
     write_text_atomic,
 )
 from transformer_mt.inference.decode import Engine, decode, progress_bar
-from transformer_mt.inference.engine import open_engine
+from transformer_mt.inference.engine import Converter, open_engine
 from transformer_mt.inference.metrics import corpus_scores, oracle_choice
 from transformer_mt.inference.search import Hypothesis, SearchConfig
-from transformer_mt.inference.translate import (
-    Translator,
-    decoding_from,
-    resolve_device,
-    search_config,
-)
+from transformer_mt.inference.settings import NO_CHECKPOINT, EvalSchema, data_overrides
+from transformer_mt.inference.translator import Translator, decoding_from
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +55,6 @@ class DataMismatchError(ValueError):
 
 
 # ----------------------------------------------------------------------------- data config
-
-
-def _non_null(values: Any) -> Any:
-    """Drop ``None`` leaves (recursively): they mean "as stored in the checkpoint"."""
-    if isinstance(values, Mapping):
-        out = {k: _non_null(v) for k, v in values.items() if v is not None}
-        return {k: v for k, v in out.items() if v != {}}
-    return values
 
 
 def _deep_merge(base: dict[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
@@ -111,19 +99,13 @@ def _absolute_data_dir(data: dict[str, Any], hydra_file: Path) -> dict[str, Any]
     return {**data, "dir": str(Path(str(cwd)) / str(typed)), "dir_as_typed": typed}
 
 
-def resolve_data_config(cfg_data: Any, loaded: LoadedModel) -> tuple[DataConfig, str]:
-    """The data config to evaluate on and where it came from.
+def resolve_data_config(overlay: Mapping[str, Any], loaded: LoadedModel) -> tuple[DataConfig, str]:
+    """The data config to evaluate on (the set ``data.*`` values ``overlay`` over what the
+    checkpoint or its training run stores) and where it came from.
 
     Returns:
         ``(config, origin)``: origin is ``"checkpoint"``, ``"training run"`` or ``"overrides"``.
     """
-    if cfg_data is None:
-        overlay: dict[str, Any] = {}
-    elif isinstance(cfg_data, DictConfig):
-        container = OmegaConf.to_container(cfg_data, resolve=True)
-        overlay = _non_null(container) if isinstance(container, dict) else {}
-    else:
-        overlay = _non_null(dict(cfg_data))
     if loaded.data is not None:
         base, origin = dict(loaded.data), "checkpoint"
     else:
@@ -173,23 +155,23 @@ def _read_lines(path: str, what: str, errors: str) -> list[str]:
     return lines
 
 
-def output_paths(cfg: DictConfig) -> tuple[Path, Path]:
+def output_paths(cfg: EvalSchema) -> tuple[Path, Path]:
     """``results.json`` and the hypotheses file this evaluation writes."""
-    results_path = Path(str(cfg.get("results_path") or Path(str(cfg.run_dir)) / "results.json"))
-    hyp_path = Path(str(cfg.get("hypotheses_path") or results_path.with_name("hypotheses.txt")))
+    results_path = Path(cfg.results_path or Path(cfg.run_dir) / "results.json")
+    hyp_path = Path(cfg.hypotheses_path or results_path.with_name("hypotheses.txt"))
     return results_path, hyp_path
 
 
-def check_paths(cfg: DictConfig) -> None:
+def check_paths(cfg: EvalSchema) -> None:
     """Before any work: no output may overwrite or sit inside an input (files.py's rule)."""
     results_path, hyp_path = output_paths(cfg)
     inputs = [
         *(("ckpt_path", path) for path in checkpoint_paths(cfg)),
-        ("source_file", cfg.get("source_file")),
-        ("reference_file", cfg.get("reference_file")),
-        ("engine_model", cfg.get("engine_model")),
+        ("source_file", cfg.source_file),
+        ("reference_file", cfg.reference_file),
+        ("engine_model", cfg.engine_model),
     ]
-    data_dir = (cfg.get("data") or {}).get("dir")
+    data_dir = cfg.data.dir
     if data_dir:
         inputs.append(("data.dir", data_dir))
     outputs = [("results_path", results_path), ("hypotheses_path", hyp_path)]
@@ -213,22 +195,18 @@ class EvalInputs:
     info: dict[str, Any]
 
 
-def checkpoint_paths(cfg: DictConfig) -> list[Path]:
+def checkpoint_paths(cfg: EvalSchema) -> list[Path]:
     """``ckpt_path``: one path, or a list of paths decoded as an ensemble."""
-    if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.get("ckpt_path"):
-        raise CheckpointError(
-            "no checkpoint given; run `python evaluate.py ckpt_path=PATH`, e.g. "
-            "ckpt_path=outputs/<task>/runs/<time>/checkpoints/last.ckpt (an ensemble: "
-            "ckpt_path=[A.ckpt,B.ckpt])"
-        )
+    if not cfg.ckpt_path:
+        raise CheckpointError(NO_CHECKPOINT)
     value = cfg.ckpt_path
-    paths = list(value) if isinstance(value, (list, ListConfig)) else [value]
+    paths = list(value) if isinstance(value, list | tuple) else [value]
     return [Path(str(p)) for p in paths]
 
 
-def _file_inputs(cfg: DictConfig, loaded: list[LoadedModel], engine: Engine) -> EvalInputs:
-    source_file, reference_file = str(cfg.source_file), cfg.get("reference_file")
-    errors = str(cfg.get("errors") or "strict")
+def _file_inputs(cfg: EvalSchema, loaded: list[LoadedModel], engine: Engine) -> EvalInputs:
+    source_file, reference_file = str(cfg.source_file), cfg.reference_file
+    errors = cfg.errors
     sources = _read_lines(source_file, "source_file", errors)
     references = (
         _read_lines(str(reference_file), "reference_file", errors) if reference_file else None
@@ -238,9 +216,11 @@ def _file_inputs(cfg: DictConfig, loaded: list[LoadedModel], engine: Engine) -> 
             f"source_file has {len(sources)} lines but reference_file has "
             f"{len(references)}; they must be line-aligned"
         )
-    batch = cfg.get("batch") or {}
     translator = Translator(
-        loaded, None, batch.get("max_tokens"), batch.get("sentences"), engine=engine
+        loaded,
+        max_tokens=cfg.batch.max_tokens,
+        max_sentences=cfg.batch.sentences,
+        engine=engine,
     )
     batches = translator.batches(translator.encode(sources, where=source_file))
     info = {
@@ -252,13 +232,12 @@ def _file_inputs(cfg: DictConfig, loaded: list[LoadedModel], engine: Engine) -> 
     )
 
 
-def _split_inputs(cfg: DictConfig, loaded: list[LoadedModel]) -> EvalInputs:
-    data, origin = resolve_data_config(cfg.get("data"), loaded[0])
+def _split_inputs(cfg: EvalSchema, loaded: list[LoadedModel]) -> EvalInputs:
+    data, origin = resolve_data_config(data_overrides(cfg.data), loaded[0])
     check_languages(data, loaded[0])
-    split = str(cfg.get("split", "test"))
+    split = cfg.split
     prepared = load_split(data, loaded[0], split)
-    batch = cfg.get("batch") or {}
-    max_tokens, max_sentences = batch.get("max_tokens"), batch.get("sentences")
+    max_tokens, max_sentences = cfg.batch.max_tokens, cfg.batch.sentences
     if max_tokens is None and max_sentences is None:
         max_tokens = data.eval_max_tokens
     limit = source_limit(data.max_len, min(m.config.max_len for m in loaded))
@@ -275,12 +254,10 @@ def _split_inputs(cfg: DictConfig, loaded: list[LoadedModel]) -> EvalInputs:
     )
 
 
-def _search(cfg: DictConfig, loaded: LoadedModel) -> SearchConfig:
-    dec = cfg.get("decoding") or {}
-    keys = ("beam_size", "length_penalty", "length_norm", "max_len_a", "max_len_b", "nbest")
+def _search(cfg: EvalSchema, loaded: LoadedModel) -> SearchConfig:
     # The best setting of a decoding sweep fills what the checkpoint stores; decoding.* wins.
-    stored = {**(loaded.decoding or {}), **decoding_from(cfg.get("decoding_from"))}
-    return search_config(stored, **{key: dec.get(key) for key in keys})
+    stored = {**(loaded.decoding or {}), **decoding_from(cfg.decoding_from)}
+    return SearchConfig.from_stored(stored, **asdict(cfg.decoding))
 
 
 def _timed_decode(
@@ -298,32 +275,36 @@ def _timed_decode(
     return nbest_lists, time.perf_counter() - start
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Evaluate ``cfg.ckpt_path``; write results.json and the hypotheses; return the results."""
+def run(cfg: EvalSchema, *, convert: Converter | None = None) -> dict[str, Any]:
+    """Evaluate ``cfg.ckpt_path``; write results.json and the hypotheses; return the results.
+
+    ``convert``: how a CTranslate2 engine without ``engine_model`` gets its model directory
+    (:func:`~transformer_mt.inference.engine.open_engine`).
+    """
     paths = checkpoint_paths(cfg)
     check_paths(cfg)
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg.threads))
-    device = resolve_device(cfg.get("device", "auto"))
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
     loaded = [load_model(path, device) for path in paths]
     search = _search(cfg, loaded[0])
     engine = open_engine(
-        cfg.get("engine"),
+        cfg.engine,
         loaded,
-        ct2_model=cfg.get("engine_model"),
-        compute_type=cfg.get("compute_type"),
-        threads=cfg.get("threads"),
+        ct2_model=cfg.engine_model,
+        compute_type=cfg.compute_type,
+        threads=cfg.threads,
+        convert=convert,
     )
-    inputs = (
-        _file_inputs(cfg, loaded, engine) if cfg.get("source_file") else _split_inputs(cfg, loaded)
-    )
+    inputs = _file_inputs(cfg, loaded, engine) if cfg.source_file else _split_inputs(cfg, loaded)
     if not inputs.sources:  # a score of nothing would read as a result
-        where = cfg.get("source_file") or f"split {cfg.get('split', 'test')!r}"
+        where = cfg.source_file or f"split {cfg.split!r}"
         raise DataMismatchError(
             f"nothing to evaluate: {where} has no lines; pass a file or split with sentences"
         )
-    progress = bool(cfg.get("progress", True))
-    nbest_lists, elapsed = _timed_decode(engine, inputs, search, device=device, progress=progress)
+    nbest_lists, elapsed = _timed_decode(
+        engine, inputs, search, device=device, progress=cfg.progress
+    )
     texts = _texts(loaded[0].tokenizer, nbest_lists)
     results = _results(cfg, loaded, inputs, search, device=device, elapsed=elapsed)
     if inputs.references is not None:
@@ -340,7 +321,7 @@ def _texts(tokenizer: Any, nbest_lists: list[list[Hypothesis]]) -> list[list[str
 
 
 def _results(
-    cfg: DictConfig,
+    cfg: EvalSchema,
     loaded: list[LoadedModel],
     inputs: EvalInputs,
     search: SearchConfig,
@@ -364,7 +345,7 @@ def _results(
         "max_tokens": inputs.max_tokens,
         "batch_sentences": inputs.max_sentences,
         "device": device,
-        "engine": str(cfg.get("engine") or "torch"),
+        "engine": cfg.engine,
     }
     return {
         "checkpoint": checkpoint,
@@ -387,7 +368,7 @@ def _metrics(texts: list[list[str]], references: list[str]) -> dict[str, Any]:
 
 
 def _write_outputs(
-    cfg: DictConfig,
+    cfg: EvalSchema,
     results: dict[str, Any],
     texts: list[list[str]],
     nbest_lists: list[list[Hypothesis]],

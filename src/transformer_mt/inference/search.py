@@ -16,12 +16,14 @@ positional ``max_len``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from transformer_mt.errors import SettingError
 from transformer_mt.model.kv_cache import KVCache
 from transformer_mt.model.transformer import Transformer
 
@@ -29,7 +31,9 @@ from transformer_mt.model.transformer import Transformer
 LENGTH_NORMS = ("gnmt", "power")
 
 
-@dataclass
+# Hashable by value (it is never changed after construction): the service gives requests
+# with equal searches one engine call.
+@dataclass(unsafe_hash=True)
 class SearchConfig:
     """Decoding options shared by greedy and beam search.
 
@@ -54,15 +58,15 @@ class SearchConfig:
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
-            raise ValueError(
-                f"beam_size must be >= 1, got {self.beam_size}; set decoding.beam_size=1 (greedy) "
-                "or more"
-            )
+            raise SettingError(
+                f"beam_size must be >= 1, got {self.beam_size}", [("beam_size", 1)],
+                tail="(greedy) or more",
+            )  # fmt: skip
         if self.max_len_a < 0 or self.max_len_a * 1 + self.max_len_b < 1:
-            raise ValueError(
-                f"max_len_a={self.max_len_a}, max_len_b={self.max_len_b} allow no output token; "
-                "use e.g. max_len_a=1.2 max_len_b=10"
-            )
+            raise SettingError(
+                f"max_len_a {self.max_len_a} with max_len_b {self.max_len_b} allow no output "
+                "token", [("max_len_a", 1.2), ("max_len_b", 10)], lead="use e.g.",
+            )  # fmt: skip
         if self.length_norm not in LENGTH_NORMS:
             raise ValueError(
                 f"length_norm={self.length_norm!r} is not one of {', '.join(LENGTH_NORMS)}; use "
@@ -74,6 +78,15 @@ class SearchConfig:
                 f"hypotheses; ask for 1 to {self.beam_size}, or raise the beam size to "
                 f"{max(self.nbest, 1)}"
             )
+
+    @classmethod
+    def from_stored(cls, decoding: Mapping[str, Any] | None, **overrides: Any) -> SearchConfig:
+        """The search a checkpoint stores (``decoding``; unknown keys ignored) with the
+        non-``None`` ``overrides`` on top: the one way every command builds its search."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in (decoding or {}).items() if k in known}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,10 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from transformer_mt.inference.search import SearchConfig
 from transformer_mt.serve.batcher import Batcher, QueueFull
-from transformer_mt.serve.engine import Options, ServedModel
 from transformer_mt.serve.limits import Limits
+from transformer_mt.serve.model import ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,9 @@ class DecodingFields(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     beam_size: int | None = Field(None, description="beam size (1 = greedy)")
-    length_penalty: float | None = Field(None, description="GNMT length penalty alpha (>= 0)")
+    length_penalty: float | None = Field(
+        None, description="alpha of the checkpoint's length normalisation, gnmt or power (>= 0)"
+    )
 
 
 class TranslateRequest(DecodingFields):
@@ -117,7 +120,7 @@ class Service:
             max_pending=limits.max_pending,
         )
 
-    def options(self, request: DecodingFields) -> Options:
+    def search(self, request: DecodingFields) -> SearchConfig:
         beam, alpha = request.beam_size, request.length_penalty
         nbest = getattr(request, "nbest", None)
         if beam is not None and not 1 <= beam <= self.limits.max_beam:
@@ -130,7 +133,7 @@ class Service:
                 raise ApiError(
                     422, f"nbest must be 1..beam_size ({width}), got {nbest}; ask for a wider beam"
                 )
-        return Options(beam_size=beam, length_penalty=alpha, nbest=nbest)
+        return self.model.search(beam_size=beam, length_penalty=alpha, nbest=nbest)
 
     def check_size(self, texts: list[str]) -> None:
         limits = self.limits
@@ -152,11 +155,13 @@ class Service:
                 f"{limits.max_chars}; split the request",
             )
 
-    async def translate(self, request: Request, texts: list[str], options: Options) -> list[Any]:
+    async def translate(
+        self, request: Request, texts: list[str], search: SearchConfig
+    ) -> list[Any]:
         """Queue ``texts`` with the batcher; give up when the client leaves or time runs out."""
         tokens = self.model.source_tokens(texts)
         try:
-            job = self.batcher.submit(texts, options, tokens)
+            job = self.batcher.submit(texts, search, tokens)
             return await _until_gone(request, job, self.limits.timeout_s)
         except QueueFull as err:
             raise ApiError(503, str(err)) from None
@@ -249,9 +254,9 @@ def _add_routes(app: FastAPI, service: Service) -> None:
     @app.post("/translate")
     async def translate(body: TranslateRequest, request: Request) -> dict[str, Any]:
         """Translate ``text`` (a list of sentences): one translation per sentence, in order."""
-        options = service.options(body)
+        search = service.search(body)
         service.check_size(body.text)
-        results = await service.translate(request, body.text, options)
+        results = await service.translate(request, body.text, search)
         answer: dict[str, Any] = {
             "translations": [t.text for t in results],
             "scores": [t.score for t in results],
@@ -265,11 +270,11 @@ def _add_routes(app: FastAPI, service: Service) -> None:
     @app.post("/attention")
     async def attention(body: AttentionRequest, request: Request) -> dict[str, Any]:
         """Every attention weight (layer x head) of a teacher-forced pass over one sentence."""
-        options = service.options(body)
+        search = service.search(body)
         service.check_size([body.text, body.translation or ""])
         translation = body.translation
         if translation is None:
-            (result,) = await service.translate(request, [body.text], options)
+            (result,) = await service.translate(request, [body.text], search)
             translation = result.text
         maps = await service.batcher.call(model.attention, body.text, translation)
         return {"translation": translation, **maps}

@@ -20,7 +20,7 @@ The pieces, wired in by :func:`transformer_mt.training.run.build` / ``configs/ca
   weights, RNG state and loop position as a regular checkpoint of that step, and a resume
   from it is bit-identical to an uninterrupted run. A second Ctrl-C stops at once.
 
-The test-only fault hook lives in :mod:`transformer_mt.training.faults`.
+The test-only fault hook lives in :mod:`faults`.
 """
 
 from __future__ import annotations

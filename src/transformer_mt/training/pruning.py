@@ -1,7 +1,8 @@
-"""A sweep trial's side of pruning: report ``val/bleu`` against the budget used, stop when told.
+"""A sweep trial's side of a study: its storage and pruner, report ``val/bleu`` against the
+budget used, stop when told.
 
 :class:`TrialPruning` is added to every run by :func:`transformer_mt.training.run.build`. In a
-trial of :class:`transformer_mt.training.sweeper.OptunaStudySweeper` (the job's config has
+trial of :class:`transformer_mt.sweeps.sweeper.OptunaStudySweeper` (the job's config has
 ``hydra.sweeper.trial_id``) it reports the monitored metric at each validation and stops the
 run at once when the study's pruner says so; the checkpoints written so far stay. Elsewhere it
 does nothing, except under DDP, where every rank joins the one broadcast of rank 0's decision,
@@ -21,15 +22,26 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Iterator
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
 
+from transformer_mt.errors import UserError
 from transformer_mt.training.budget import find_budget
 
 log = logging.getLogger(__name__)
+
+#: The environment variable through which a sweeper hands its storage URL to its trials (it may
+#: hold a password, so it travels neither in overrides nor in the job's saved config).
+STORAGE_ENV = "TRANSFORMER_MT_SWEEP_STORAGE"
+#: User attribute of a trial that its run stopped on the pruner's word (budget percent reached).
+PRUNED_AT = "pruned_at"
+PRUNERS = ("none", "median", "successive_halving", "hyperband")
 
 #: Trials report on a grid of this many percent of their budget (20 points at most).
 GRID = 5
@@ -46,19 +58,15 @@ class StudyTrial:
     def __init__(self, url: str, study_name: str, trial_id: int, pruner_cfg: Any) -> None:
         import optuna
 
-        from transformer_mt.training import study as st
-
-        self.storage = st.open_storage(url)
+        self.storage = open_storage(url)
         self.study = optuna.load_study(study_name=study_name, storage=self.storage)
-        self.pruner = st.make_pruner(pruner_cfg)
+        self.pruner = make_pruner(pruner_cfg)
         self.trial_id = trial_id
         self.reported: int | None = None  # the last grid step reported
         self.last_value: float | None = None
 
     def report(self, value: float, percent: int) -> bool:
         """Record ``value`` at ``percent`` of the budget; True when the trial should stop."""
-        from transformer_mt.training.study import PRUNED_AT
-
         step = grid_step(percent)
         if self.reported is not None and self.last_value is not None:
             # Every grid point since the previous validation gets the value known then.
@@ -81,7 +89,7 @@ def trial_from_hydra() -> StudyTrial | None:
         return None
     sweeper = HydraConfig.get().sweeper
     trial_id = sweeper.get("trial_id") if hasattr(sweeper, "get") else None
-    url = os.environ.get("TRANSFORMER_MT_SWEEP_STORAGE")
+    url = os.environ.get(STORAGE_ENV)
     if trial_id is None or not url:
         return None
     return StudyTrial(url, str(sweeper.study_name), int(trial_id), sweeper.get("pruner"))
@@ -171,3 +179,104 @@ class TrialPruning(pl.Callback):
                 percent,
                 self.monitor,
             )
+
+
+# ---------------------------------------------------------------------- the study's storage and pruner
+
+
+#: Optuna's journal storage records no heartbeats, so no worker can tell a dead one's trial.
+NO_JOURNAL_HEARTBEAT = (
+    "a journal file keeps no heartbeats: a worker killed mid-trial leaves its trial RUNNING "
+    "(it counts towards n_trials and is never retried); for dead-worker recovery use an "
+    "SQLAlchemy storage (sqlite:///<local disk>/study.db, postgresql://...)"
+)
+
+
+def open_storage(url: str, *, heartbeat_interval: int | None = None, max_retry: int = 0) -> Any:
+    """An Optuna storage for ``url``: a SQLAlchemy URL, or ``journal:<file>`` (journal file).
+
+    Heartbeats mark a trial whose worker died (kill -9, a lost machine) as failed; with
+    ``max_retry`` > 0 another worker then runs its parameters again.
+    """
+    import optuna
+    from optuna.storages import RetryFailedTrialCallback
+
+    # Heartbeats are "experimental" and "meant for Study.optimize" to Optuna; the sweeper beats
+    # itself (sweeps.worker.StudyWorker), so the warnings would only be noise in every trial's log.
+    warnings.filterwarnings("ignore", message=".*[Hh]eartbeat.*")
+    retry = RetryFailedTrialCallback(max_retry=max_retry) if max_retry > 0 else None
+    beat: dict[str, Any] = {}
+    if heartbeat_interval:
+        beat = {"heartbeat_interval": int(heartbeat_interval), "failed_trial_callback": retry}
+    try:
+        if url.startswith("journal:"):
+            from optuna.storages.journal import JournalFileBackend
+
+            path = url.removeprefix("journal:").removeprefix("//")
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            if heartbeat_interval:
+                log.warning(NO_JOURNAL_HEARTBEAT)
+            return optuna.storages.JournalStorage(JournalFileBackend(path))
+        return _rdb_storage(url, beat)
+    except Exception as err:
+        raise UserError(
+            f"cannot open the study storage {redact(url)}: {' '.join(str(err).split())[:300]}; "
+            "check the URL (sqlite:///path.db, postgresql://user@host/db, journal:/path.log) "
+            "and that its server or directory is reachable"
+        ) from None
+
+
+#: What a database says when another worker created the study tables a moment before.
+_CREATED_MEANWHILE = ("already exists", "duplicate key", "UNIQUE constraint failed")
+
+
+def _rdb_storage(url: str, beat: dict[str, Any]) -> Any:
+    """An RDBStorage; workers that start together on a new database all get one.
+
+    The first connection creates the tables; a second worker creating them at the same moment
+    fails on the existing ones, and opening again then finds the schema complete.
+    """
+    import optuna
+
+    for attempt in range(4):
+        try:
+            return optuna.storages.RDBStorage(url, skip_compatibility_check=False, **beat)
+        except Exception as err:
+            if not any(m in str(err) for m in _CREATED_MEANWHILE):
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    return optuna.storages.RDBStorage(url, skip_compatibility_check=False, **beat)
+
+
+def redact(url: str) -> str:
+    """``url`` without its password, for messages and logs."""
+    head, sep, tail = url.partition("@")
+    if not sep or "://" not in head:
+        return url
+    scheme, _, credentials = head.partition("://")
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{tail}" if ":" in credentials else url
+
+
+def make_pruner(cfg: Mapping[str, Any] | None) -> Any:
+    """The configured pruner; resources are percent of the trial's budget (1..100)."""
+    import optuna.pruners as pruners
+
+    cfg = dict(cfg or {})
+    name = str(cfg.pop("name", "none"))
+    if name == "none":
+        return pruners.NopPruner()
+    if name == "median":
+        keys = ("n_startup_trials", "n_warmup_steps", "interval_steps", "n_min_trials")
+        return pruners.MedianPruner(**{k: int(cfg[k]) for k in keys if cfg.get(k) is not None})
+    if name in ("successive_halving", "hyperband"):
+        min_resource = int(cfg.get("min_resource") or 10)
+        factor = int(cfg.get("reduction_factor") or 3)
+        if name == "successive_halving":
+            return pruners.SuccessiveHalvingPruner(
+                min_resource=min_resource, reduction_factor=factor
+            )
+        return pruners.HyperbandPruner(
+            min_resource=min_resource, max_resource=100, reduction_factor=factor
+        )
+    raise UserError(f"hydra.sweeper.pruner.name must be one of {PRUNERS}, got {name!r}")

@@ -21,7 +21,8 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState
 
 from transformer_mt.errors import UserError
-from transformer_mt.training import study as st
+from transformer_mt.sweeps import study as st
+from transformer_mt.training import pruning as tp
 from transformer_mt.training.pruning import StudyTrial
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -71,12 +72,12 @@ def test_an_unknown_parameter_is_named_with_its_siblings() -> None:
 def test_a_storage_that_cannot_be_opened_is_a_user_error(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/missing/dir/optuna.db"
     with pytest.raises(UserError, match=r"cannot open the study storage sqlite:///"):
-        st.open_storage(url)
-    assert st.redact("postgresql://me:secret@db:5432/x") == "postgresql://me:***@db:5432/x"
+        tp.open_storage(url)
+    assert tp.redact("postgresql://me:secret@db:5432/x") == "postgresql://me:***@db:5432/x"
 
 
 def test_a_study_stored_with_the_other_direction_is_refused(tmp_path: Path) -> None:
-    storage = st.open_storage(f"sqlite:///{tmp_path}/optuna.db")
+    storage = tp.open_storage(f"sqlite:///{tmp_path}/optuna.db")
     st.open_study(storage, "s", "maximize")
     with pytest.raises(UserError, match=r"already exists with direction maximize, not minimize"):
         st.open_study(storage, "s", "minimize")
@@ -99,7 +100,7 @@ def test_workers_and_resumes_never_draw_the_same_parameters(tmp_path: Path) -> N
 
     def worker() -> optuna.Study:
         sampler = st.make_sampler({"name": "tpe", "seed": 42, "n_startup_trials": 10})
-        return st.open_study(st.open_storage(url), "shared", "maximize", sampler=sampler)
+        return st.open_study(tp.open_storage(url), "shared", "maximize", sampler=sampler)
 
     first, second = worker(), worker()
     drawn = [_ask(study, space).params for _ in range(3) for study in (first, second)]
@@ -107,7 +108,7 @@ def test_workers_and_resumes_never_draw_the_same_parameters(tmp_path: Path) -> N
     assert len({(p["x"], p["y"]) for p in drawn}) == 8
     # Reproducible: the same seed and trial number give the same draw in a fresh study.
     again = st.open_study(
-        st.open_storage(f"sqlite:///{tmp_path}/again.db"),
+        tp.open_storage(f"sqlite:///{tmp_path}/again.db"),
         "shared",
         "maximize",
         sampler=st.make_sampler({"name": "tpe", "seed": 42}),
@@ -119,7 +120,7 @@ def test_a_trial_below_the_median_is_pruned_at_the_same_budget(tmp_path: Path) -
     """Reports fill a 5% grid since the last validation, so trials compare step by step."""
     url = f"sqlite:///{tmp_path}/optuna.db"
     pruner_cfg = {"name": "median", "n_startup_trials": 2, "n_warmup_steps": 10}
-    study = st.open_study(st.open_storage(url), "p", "maximize", pruner=st.make_pruner(pruner_cfg))
+    study = st.open_study(tp.open_storage(url), "p", "maximize", pruner=tp.make_pruner(pruner_cfg))
     for curve in ([(30, 10.0), (70, 20.0)], [(40, 12.0), (80, 22.0)]):  # two finished trials
         trial = study.ask({"x": FloatDistribution(0, 1)})
         reporter = StudyTrial(url, "p", trial._trial_id, pruner_cfg)
@@ -134,13 +135,13 @@ def test_a_trial_below_the_median_is_pruned_at_the_same_budget(tmp_path: Path) -
     assert good.report(15.0, 35) is False  # above the others' 10.0 at 35%
     bad = StudyTrial(url, "p", study.ask()._trial_id, pruner_cfg)
     assert bad.report(5.0, 35) is True  # below: pruned, and the trial says where
-    assert study.trials[3].user_attrs == {st.PRUNED_AT: 35}
+    assert study.trials[3].user_attrs == {tp.PRUNED_AT: 35}
     assert study.trials[3].state == TrialState.RUNNING  # the sweeper tells the state
 
 
 @pytest.mark.parametrize("name", ["successive_halving", "hyperband", "median", "none"])
 def test_every_pruner_is_built_from_its_config(name: str) -> None:
-    pruner = st.make_pruner({"name": name, "min_resource": 20, "reduction_factor": 3})
+    pruner = tp.make_pruner({"name": name, "min_resource": 20, "reduction_factor": 3})
     assert (
         type(pruner).__name__
         == {
@@ -151,7 +152,7 @@ def test_every_pruner_is_built_from_its_config(name: str) -> None:
         }[name]
     )
     with pytest.raises(UserError, match=r"pruner\.name must be one of"):
-        st.make_pruner({"name": "asha"})
+        tp.make_pruner({"name": "asha"})
 
 
 # ----------------------------------------------------------------------- PostgreSQL
@@ -223,7 +224,7 @@ def test_workers_share_a_study_on_a_real_postgresql_server(postgres_url: str) ->
 
     def worker() -> optuna.Study:
         sampler = st.make_sampler({"name": "tpe", "seed": 1})
-        storage = st.open_storage(postgres_url, heartbeat_interval=5)
+        storage = tp.open_storage(postgres_url, heartbeat_interval=5)
         return st.open_study(storage, "pg", "maximize", sampler=sampler)
 
     first, second = worker(), worker()
@@ -234,7 +235,7 @@ def test_workers_share_a_study_on_a_real_postgresql_server(postgres_url: str) ->
         t.state == TrialState.COMPLETE for t in worker().trials
     )
     with pytest.raises(UserError, match="already exists with direction maximize"):
-        st.open_study(st.open_storage(postgres_url), "pg", "minimize")
+        st.open_study(tp.open_storage(postgres_url), "pg", "minimize")
 
 
 @pytest.mark.parametrize(
@@ -250,7 +251,7 @@ def test_every_shipped_search_space_parses_and_names_real_keys(
     """What `python train.py -m hparams_search=NAME` checks before its first trial."""
     from hydra import compose, initialize_config_dir
 
-    from transformer_mt.commands import register_configs
+    from transformer_mt.cli.hydra_app import register_configs
 
     from conftest import ROOT
 
@@ -280,7 +281,7 @@ def test_a_worker_that_loses_the_race_to_create_the_tables_opens_the_storage(
 
     monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
     url = f"sqlite:///{tmp_path}/optuna.db"
-    storage = st.open_storage(url)
+    storage = tp.open_storage(url)
     assert len(calls) == 2 and storage.get_all_studies() == []
     calls.clear()
 
@@ -290,5 +291,5 @@ def test_a_worker_that_loses_the_race_to_create_the_tables_opens_the_storage(
 
     monkeypatch.setattr(optuna.storages, "RDBStorage", broken)
     with pytest.raises(UserError, match="cannot open the study storage"):
-        st.open_storage(url)
+        tp.open_storage(url)
     assert len(calls) == 1  # any other failure is not retried

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from transformer_mt.checkpoint import LoadedModel
-from transformer_mt.inference.export_hf import _search_config
+from transformer_mt.inference.search import SearchConfig
 
 
 def _training_time(checkpoint: dict[str, Any]) -> str | None:
@@ -60,7 +60,7 @@ def model_card(
     src, tgt = loaded.src_lang or "?", loaded.tgt_lang or "?"
     data = loaded.data or {}
     dataset = data.get("name") or data.get("source") or data.get("dataset") or "unknown"
-    search = _search_config(loaded.decoding)
+    search = SearchConfig.from_stored(loaded.decoding)
     n_params = sum(p.numel() for p in hf_model.parameters())
     project, url = _project()
     licence = _licence()

@@ -1,7 +1,7 @@
 """The Optuna side of a sweep: search space, storage, sampler, pruner and the study itself.
 
 Everything here is plain Optuna and Hydra's override grammar; the Hydra sweeper
-(:mod:`transformer_mt.training.sweeper`) and the Lightning callback that reports to a trial
+(:mod:`transformer_mt.sweeps.sweeper`) and the Lightning callback that reports to a trial
 (:mod:`transformer_mt.training.pruning`) build on it; both import this module only once a
 sweep or a trial runs, so a single training run never pays for importing Optuna.
 
@@ -19,15 +19,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import time
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import optuna
 import optuna.distributions as dist
-import optuna.pruners as pruners
 import optuna.samplers as samplers
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
@@ -37,13 +34,7 @@ from transformer_mt.errors import UserError
 
 log = logging.getLogger(__name__)
 
-#: The environment variable through which a sweeper hands its storage URL to its trials (it may
-#: hold a password, so it travels neither in overrides nor in the job's saved config).
-STORAGE_ENV = "TRANSFORMER_MT_SWEEP_STORAGE"
-#: User attribute of a trial that its run stopped on the pruner's word (budget percent reached).
-PRUNED_AT = "pruned_at"
 SAMPLERS = ("tpe", "random")
-PRUNERS = ("none", "median", "successive_halving", "hyperband")
 
 
 # ---------------------------------------------------------------------- search space
@@ -179,77 +170,6 @@ def storage_url(storage: str | None, sweep_dir: Path) -> str:
     return f"sqlite:///{(sweep_dir / 'optuna.db').resolve()}"
 
 
-#: Optuna's journal storage records no heartbeats, so no worker can tell a dead one's trial.
-NO_JOURNAL_HEARTBEAT = (
-    "a journal file keeps no heartbeats: a worker killed mid-trial leaves its trial RUNNING "
-    "(it counts towards n_trials and is never retried); for dead-worker recovery use an "
-    "SQLAlchemy storage (sqlite:///<local disk>/study.db, postgresql://...)"
-)
-
-
-def open_storage(url: str, *, heartbeat_interval: int | None = None, max_retry: int = 0) -> Any:
-    """An Optuna storage for ``url``: a SQLAlchemy URL, or ``journal:<file>`` (journal file).
-
-    Heartbeats mark a trial whose worker died (kill -9, a lost machine) as failed; with
-    ``max_retry`` > 0 another worker then runs its parameters again.
-    """
-    from optuna.storages import RetryFailedTrialCallback
-
-    # Heartbeats are "experimental" and "meant for Study.optimize" to Optuna; this sweeper beats
-    # itself (study_run.StudyWorker), so the warnings would only be noise in every trial's log.
-    warnings.filterwarnings("ignore", message=".*[Hh]eartbeat.*")
-    retry = RetryFailedTrialCallback(max_retry=max_retry) if max_retry > 0 else None
-    beat: dict[str, Any] = {}
-    if heartbeat_interval:
-        beat = {"heartbeat_interval": int(heartbeat_interval), "failed_trial_callback": retry}
-    try:
-        if url.startswith("journal:"):
-            from optuna.storages.journal import JournalFileBackend
-
-            path = url.removeprefix("journal:").removeprefix("//")
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            if heartbeat_interval:
-                log.warning(NO_JOURNAL_HEARTBEAT)
-            return optuna.storages.JournalStorage(JournalFileBackend(path))
-        return _rdb_storage(url, beat)
-    except Exception as err:
-        raise UserError(
-            f"cannot open the study storage {redact(url)}: {' '.join(str(err).split())[:300]}; "
-            "check the URL (sqlite:///path.db, postgresql://user@host/db, journal:/path.log) "
-            "and that its server or directory is reachable"
-        ) from None
-
-
-#: What a database says when another worker created the study tables a moment before.
-_CREATED_MEANWHILE = ("already exists", "duplicate key", "UNIQUE constraint failed")
-
-
-def _rdb_storage(url: str, beat: dict[str, Any]) -> Any:
-    """An RDBStorage; workers that start together on a new database all get one.
-
-    The first connection creates the tables; a second worker creating them at the same moment
-    fails on the existing ones, and opening again then finds the schema complete.
-    """
-    for attempt in range(4):
-        try:
-            return optuna.storages.RDBStorage(url, skip_compatibility_check=False, **beat)
-        except Exception as err:
-            if not any(m in str(err) for m in _CREATED_MEANWHILE):
-                raise
-            time.sleep(0.2 * (attempt + 1))
-    return optuna.storages.RDBStorage(url, skip_compatibility_check=False, **beat)
-
-
-def redact(url: str) -> str:
-    """``url`` without its password, for messages and logs."""
-    head, sep, tail = url.partition("@")
-    if not sep or "://" not in head:
-        return url
-    scheme, _, credentials = head.partition("://")
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{tail}" if ":" in credentials else url
-
-
 def open_study(
     storage: Any, name: str, direction: str, *, sampler: Any = None, pruner: Any = None
 ) -> Any:
@@ -294,28 +214,6 @@ def make_sampler(cfg: Mapping[str, Any]) -> Any:
         raise UserError(f"hydra.sweeper.sampler.name must be one of {SAMPLERS}, got {name!r}")
     options = {k: v for k, v in dict(cfg).items() if k not in ("name", "seed")}
     return TrialSeededSampler(name, cfg.get("seed"), options)
-
-
-def make_pruner(cfg: Mapping[str, Any] | None) -> Any:
-    """The configured pruner; resources are percent of the trial's budget (1..100)."""
-    cfg = dict(cfg or {})
-    name = str(cfg.pop("name", "none"))
-    if name == "none":
-        return pruners.NopPruner()
-    if name == "median":
-        keys = ("n_startup_trials", "n_warmup_steps", "interval_steps", "n_min_trials")
-        return pruners.MedianPruner(**{k: int(cfg[k]) for k in keys if cfg.get(k) is not None})
-    if name in ("successive_halving", "hyperband"):
-        min_resource = int(cfg.get("min_resource") or 10)
-        factor = int(cfg.get("reduction_factor") or 3)
-        if name == "successive_halving":
-            return pruners.SuccessiveHalvingPruner(
-                min_resource=min_resource, reduction_factor=factor
-            )
-        return pruners.HyperbandPruner(
-            min_resource=min_resource, max_resource=100, reduction_factor=factor
-        )
-    raise UserError(f"hydra.sweeper.pruner.name must be one of {PRUNERS}, got {name!r}")
 
 
 class TrialSeededSampler(samplers.BaseSampler):

@@ -23,7 +23,13 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from transformer_mt.errors import EXIT_USER_ERROR, one_line
+from transformer_mt.cli.options import (
+    add_engine_arguments,
+    check_engine_flags,
+    converter,
+    user_error,
+)
+from transformer_mt.errors import EXIT_USER_ERROR
 from transformer_mt.serve.limits import Limits
 
 log = logging.getLogger(__name__)
@@ -45,11 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="checkpoint (.ckpt) written by train.py; repeat it for an ensemble (torch engine)",
     )
-    parser.add_argument(
-        "--engine", choices=("torch", "ctranslate2"), default="torch", help="decoding engine"
-    )
-    parser.add_argument("--ct2-model", help="CTranslate2 dir of transformer-mt-export (optional)")
-    parser.add_argument("--compute-type", help="CTranslate2 weights: int8, float32, ...")
+    add_engine_arguments(parser)
     parser.add_argument("--threads", type=int, default=0, help="engine threads (0 = default)")
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine)"
@@ -69,13 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
         flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, type=kind, default=default, help=f"{text} (default {default})")
     return parser
-
-
-def check_engine_flags(args: argparse.Namespace) -> None:
-    """CTranslate2's flags mean nothing to the torch engine: refuse them, as translate does."""
-    for flag, value in (("--ct2-model", args.ct2_model), ("--compute-type", args.compute_type)):
-        if value is not None and args.engine != "ctranslate2":
-            raise ValueError(f"{flag} applies to --engine ctranslate2 only; add it")
 
 
 def limits_from(args: argparse.Namespace) -> Limits:
@@ -112,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import uvicorn
 
         from transformer_mt.serve.app import create_app
-        from transformer_mt.serve.engine import ServedModel
+        from transformer_mt.serve.model import ServedModel
     except ImportError as err:
         print(
             f"error: {err}; install the serve extra: pip install 'transformer-mt[serve]'",
@@ -124,17 +119,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         limits = limits_from(args)
         sock = bind(args.host, args.port)
     except (ValueError, OSError) as err:
-        print(f"error: {one_line(err)}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return user_error(err)
     with sock:
         try:
-            model = ServedModel(
+            model = ServedModel.open(
                 args.ckpt, engine=args.engine, ct2_model=args.ct2_model,
-                compute_type=args.compute_type, threads=args.threads,
+                compute_type=args.compute_type, threads=args.threads, convert=converter(args),
             )  # fmt: skip
         except (ValueError, OSError) as err:
-            print(f"error: {one_line(err)}", file=sys.stderr)
-            return EXIT_USER_ERROR
+            return user_error(err)
         host, port = sock.getsockname()[:2]
         config = uvicorn.Config(create_app(model, limits), log_level="warning")
         print(f"serving on http://{host}:{port}", file=sys.stderr, flush=True)

@@ -5,7 +5,7 @@ slow machine finishes before the signal, a fast one is killed too early. :class:
 makes the training process fault *itself* once N optimizer steps are done, so the outcome is
 the same on every machine. It is enabled only from the command line::
 
-    python train.py ... +callbacks.fault._target_=transformer_mt.training.faults.FaultInjection \\
+    python train.py ... +callbacks.fault._target_=faults.FaultInjection \\
         +callbacks.fault.fault=SIGINT +callbacks.fault.at_step=7
 """
 

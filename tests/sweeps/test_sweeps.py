@@ -20,7 +20,7 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
-from transformer_mt.training.sweep import (
+from transformer_mt.sweeps.summary import (
     RESULT_FILE,
     SUMMARY_CSV,
     SUMMARY_MD,
@@ -383,7 +383,7 @@ def test_a_worker_killed_mid_trial_leaves_the_study_to_the_other(tmp_path: Path)
     """kill -9 at step 2 of worker A's first trial: its heartbeat stops, worker B fails that
     trial, runs its parameters again (max_retry=1) and finishes the study."""
     fault = [
-        "+callbacks.fault._target_=transformer_mt.training.faults.FaultInjection",
+        "+callbacks.fault._target_=faults.FaultInjection",
         "+callbacks.fault.fault=SIGKILL",
         "+callbacks.fault.at_step=2",
     ]

@@ -15,8 +15,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState
 
-from transformer_mt.training import study as st
-from transformer_mt.training.study_plots import PLOTS, write_plots
+from transformer_mt.sweeps import study as st
+from transformer_mt.sweeps.plots import PLOTS, write_plots
+from transformer_mt.training import pruning as tp
 
 from conftest import ROOT
 
@@ -50,7 +51,7 @@ def assert_plots(folder: Path) -> None:
 
 
 def test_a_study_gets_its_four_plots(tmp_path: Path) -> None:
-    study = st.open_study(st.open_storage(f"sqlite:///{tmp_path}/optuna.db"), "s", "maximize")
+    study = st.open_study(tp.open_storage(f"sqlite:///{tmp_path}/optuna.db"), "s", "maximize")
     fill(study)
     written = write_plots(study, tmp_path)
     assert sorted(p.name for p in written) == sorted(PLOTS)
@@ -70,13 +71,13 @@ def test_a_study_too_young_for_a_plot_skips_it_and_draws_the_rest(
     trial.report(3.0, 50)
     study.tell(trial, state=TrialState.PRUNED)
     (tmp_path / "pruned").mkdir()
-    with caplog.at_level("INFO", logger="transformer_mt.training.study_plots"):
+    with caplog.at_level("INFO", logger="transformer_mt.sweeps.plots"):
         written = {p.name for p in write_plots(study, tmp_path / "pruned")}
     assert written == {"intermediate_values.png"}
     assert "optimization_history.png skipped: 0 completed trial(s)" in caplog.text
     trial = study.ask(SPACE)
     study.tell(trial, 4.0)
-    with caplog.at_level("INFO", logger="transformer_mt.training.study_plots"):
+    with caplog.at_level("INFO", logger="transformer_mt.sweeps.plots"):
         written = {p.name for p in write_plots(study, tmp_path)}
     assert written == set(PLOTS) - {"param_importances.png"}
     assert "param_importances.png skipped: 1 completed trial(s); the plot needs 2" in caplog.text
@@ -89,7 +90,7 @@ def plots_script(*args: str) -> subprocess.CompletedProcess:
 
 def test_the_script_plots_a_study_stored_in_a_journal_file(tmp_path: Path) -> None:
     url = f"journal:{tmp_path}/study.log"
-    fill(st.open_study(st.open_storage(url), "numbers", "maximize"))
+    fill(st.open_study(tp.open_storage(url), "numbers", "maximize"))
     proc = plots_script(url, "numbers", "--out", str(tmp_path / "plots"))
     assert proc.returncode == 0, proc.stderr
     assert sorted(Path(line).name for line in proc.stdout.split()) == sorted(PLOTS)
@@ -98,7 +99,7 @@ def test_the_script_plots_a_study_stored_in_a_journal_file(tmp_path: Path) -> No
 
 def test_the_script_names_the_stored_studies_when_the_name_is_wrong(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/optuna.db"
-    fill(st.open_study(st.open_storage(url), "numbers", "maximize"))
+    fill(st.open_study(tp.open_storage(url), "numbers", "maximize"))
     proc = plots_script(url, "nubmers", "--out", str(tmp_path / "plots"))
     assert proc.returncode == 2
     [line] = proc.stderr.splitlines()

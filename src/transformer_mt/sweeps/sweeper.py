@@ -102,7 +102,7 @@ ConfigStore.instance().store(
 def sweep(settings: DictConfig, config: DictConfig, launcher: Any, arguments: list[str]) -> Any:
     """Run one worker of the study; bad input exits with one ``error:`` line before any trial."""
     from transformer_mt.errors import EXIT_RUNTIME_ERROR, EXIT_USER_ERROR, UserError
-    from transformer_mt.training.study_run import StudyWorker, TrialsKeepFailing
+    from transformer_mt.sweeps.worker import StudyWorker, TrialsKeepFailing
 
     try:
         worker = StudyWorker(settings, config, launcher, arguments)

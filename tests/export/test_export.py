@@ -19,20 +19,21 @@ import pytest
 import torch
 
 from transformer_mt.checkpoint import CHECKPOINT_KEY, load_checkpoint, load_model, save_checkpoint
+from transformer_mt.cli.export import main
 from transformer_mt.data.numbers import number_sentences
 from transformer_mt.data.tokenizer import Tokenizer
-from transformer_mt.inference.decode import best_tokens
-from transformer_mt.inference.export import export_ctranslate2, export_huggingface, main
-from transformer_mt.inference.export_hf import (
+from transformer_mt.export.convert import export_ctranslate2, export_huggingface
+from transformer_mt.export.huggingface import (
     LOGITS_TOLERANCE,
     ExportError,
     check_logits,
     choose_target,
     to_huggingface,
 )
-from transformer_mt.inference.export_weights import feature_permutation
+from transformer_mt.export.weights import feature_permutation
+from transformer_mt.inference.decode import best_tokens
 from transformer_mt.inference.search import SearchConfig, generate
-from transformer_mt.inference.translate import Translator
+from transformer_mt.inference.translator import Translator
 from transformer_mt.model.embedding import SinusoidalPositionalEncoding
 from transformer_mt.model.transformer import ModelConfig, Transformer
 
@@ -492,8 +493,8 @@ def test_evaluate_and_translate_decode_with_ctranslate2(
 ) -> None:
     from hydra import compose, initialize_config_dir
 
-    from transformer_mt.inference.evaluate import run as evaluate_run
-    from transformer_mt.inference.translate import main as translate_main
+    from transformer_mt.cli.evaluate import evaluate as evaluate_run
+    from transformer_mt.cli.translate import main as translate_main
 
     texts = sources(8)
     src = tmp_path / "in.en"
@@ -525,7 +526,7 @@ def test_translate_nbest_with_ctranslate2_writes_the_torch_list(
 ) -> None:
     """``--engine ctranslate2 --nbest 3``: the same tsv lines (index, rank) as torch, the same
     top hypothesis (beam 5, alpha 0) and scores within 1e-3 per token; jsonl likewise."""
-    from transformer_mt.inference.translate import main as translate_main
+    from transformer_mt.cli.translate import main as translate_main
 
     src = tmp_path / "in.en"
     src.write_text("".join(t + "\n" for t in sources(6)), encoding="utf-8")

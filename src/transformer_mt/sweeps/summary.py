@@ -8,7 +8,7 @@
    returned, and for a failed job the exception and traceback;
 2. rewrites ``summary.csv`` and ``summary.md`` in the sweep directory from all those
    files, best run first (failed runs last, with their reason);
-3. for an Optuna study (:mod:`transformer_mt.training.sweeper`), writes
+3. for an Optuna study (:mod:`transformer_mt.sweeps.sweeper`), writes
    ``optuna_trials.csv`` at the end: every trial of the study, including those of other
    workers and of earlier, resumed invocations.
 
@@ -260,7 +260,8 @@ def write_study_trials(config: DictConfig, sweep_dir: Path) -> int | None:
         return None
     import optuna
 
-    from transformer_mt.training.study import open_storage, storage_url
+    from transformer_mt.sweeps.study import storage_url
+    from transformer_mt.training.pruning import open_storage
 
     storage = storage_url(OmegaConf.select(config, "hydra.sweeper.storage"), sweep_dir)
     study = optuna.load_study(study_name=study_name, storage=open_storage(storage))

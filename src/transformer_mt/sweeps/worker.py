@@ -1,6 +1,6 @@
 """One worker of a study: ask a trial, run it as a Hydra job, tell how it ended; repeat.
 
-:class:`StudyWorker` is what :class:`transformer_mt.training.sweeper.OptunaStudySweeper` runs.
+:class:`StudyWorker` is what :class:`transformer_mt.sweeps.sweeper.OptunaStudySweeper` runs.
 It checks everything it can before the first trial (search space, storage, study direction,
 sweep directory), so that bad input costs one ``error:`` line, not a failed night.
 """
@@ -23,8 +23,9 @@ from optuna.trial import TrialState
 
 from transformer_mt.errors import UserError
 from transformer_mt.files import write_text_atomic
-from transformer_mt.training import study as st
-from transformer_mt.training.sweep import RESULT_FILE, JobResult, write_summary
+from transformer_mt.sweeps import study as st
+from transformer_mt.sweeps.summary import RESULT_FILE, JobResult, write_summary
+from transformer_mt.training import pruning as tp
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class StudyWorker:
         optuna.logging.enable_propagation()
         self.url = st.storage_url(settings.get("storage"), self.sweep_dir)
         self.heartbeat = int(settings.get("heartbeat_interval") or 0)
-        self.storage = st.open_storage(
+        self.storage = tp.open_storage(
             self.url, heartbeat_interval=self.heartbeat, max_retry=int(settings.max_retry)
         )
         if not hasattr(self.storage, "record_heartbeat"):  # a journal file
@@ -93,10 +94,10 @@ class StudyWorker:
             str(settings.study_name),
             str(settings.direction),
             sampler=st.make_sampler(settings.sampler),
-            pruner=st.make_pruner(settings.pruner),
+            pruner=tp.make_pruner(settings.pruner),
         )
         # Trials read the storage from the environment (a URL may carry a password).
-        os.environ[st.STORAGE_ENV] = self.url
+        os.environ[tp.STORAGE_ENV] = self.url
 
     # ------------------------------------------------------------------ the loop
 
@@ -106,7 +107,7 @@ class StudyWorker:
         log.info(
             "study %r in %s: %d trials wanted, %d there; sweep directory %s",
             self.study.study_name,
-            st.redact(self.url),
+            tp.redact(self.url),
             self.n_trials,
             len(self.study.trials),
             self.sweep_dir,
@@ -174,7 +175,7 @@ class StudyWorker:
         if job.status == JobStatus.FAILED:
             return TrialState.FAIL, None
         value = st.finite(job._return_value)
-        if st.PRUNED_AT in self.storage.get_trial(trial._trial_id).user_attrs:
+        if tp.PRUNED_AT in self.storage.get_trial(trial._trial_id).user_attrs:
             return TrialState.PRUNED, value
         return (TrialState.COMPLETE, value) if value is not None else (TrialState.FAIL, None)
 
@@ -261,7 +262,7 @@ class StudyWorker:
 
     def _finish(self) -> None:
         """``optimization_results.yaml`` and the plots of the study."""
-        from transformer_mt.training.study_plots import write_plots
+        from transformer_mt.sweeps.plots import write_plots
 
         done = [t for t in self.study.trials if t.state == TrialState.COMPLETE]
         if done:

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from transformer_mt.checkpoint import load_model
+from transformer_mt.cli.translate import main
 from transformer_mt.inference.search import SearchConfig
-from transformer_mt.inference.translate import Translator, main
+from transformer_mt.inference.translator import Translator
 
 from conftest import ROOT, best_checkpoint, train_tiny_run
 

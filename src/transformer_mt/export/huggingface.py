@@ -11,7 +11,7 @@ have biases on every attention projection. Their position table puts the sines i
 half of the features and the cosines in the second, where ours interleaves them; and they
 rebuild the table from the formula on load (it is not saved). So the export renames the
 model's d_model features by the fixed permutation that turns our table into theirs
-(:mod:`transformer_mt.inference.export_weights`); :func:`check_logits` verifies the result on
+(:mod:`transformer_mt.export.weights`); :func:`check_logits` verifies the result on
 every export.
 
 ``<bos>`` is the decoder start token (``decoder_start_token_id``); the tokenizer's post-processor
@@ -22,7 +22,6 @@ positions, per-head sizes that do not multiply to d_model, separate vocabularies
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,30 +31,13 @@ import torch
 from transformer_mt.checkpoint import LoadedModel
 from transformer_mt.data.collate import source_limit
 from transformer_mt.data.tokenizer import BOS, EOS, PAD, UNK
-from transformer_mt.errors import UserError
-from transformer_mt.inference.export_weights import convert_state_dict, feature_permutation
+from transformer_mt.errors import ExportError, require_export_extra
+from transformer_mt.export.weights import convert_state_dict, feature_permutation
 from transformer_mt.inference.search import SearchConfig
-from transformer_mt.inference.translate import stored_data_config
 from transformer_mt.model.transformer import ModelConfig
 
-EXTRA_HINT = (
-    "install the export extra: pip install '.[export]' in a clone of transformer-mt, or "
-    "pip install 'dist/transformer_mt-<version>-py3-none-any.whl[export]' for a wheel"
-)
 #: Exported logits may differ from ours by float rounding only (positions are recomputed).
 LOGITS_TOLERANCE = 1e-4
-
-
-class ExportError(UserError, ValueError):
-    """The model cannot be exported as asked; the message names the option and the fix."""
-
-
-def _require(module: str) -> Any:
-    """Import an optional dependency of the ``export`` extra, or fail naming the extra."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as err:
-        raise ExportError(f"{module} is not installed ({err}); {EXTRA_HINT}") from None
 
 
 # ------------------------------------------------------------------ which standard class
@@ -117,7 +99,7 @@ def choose_target(config: ModelConfig, joint_vocab: bool = True) -> Target:
 
 def hf_config(config: ModelConfig, decoding: dict[str, Any] | None = None) -> Any:
     """The ``transformers`` config of the standard class for ``config``."""
-    transformers = _require("transformers")
+    transformers = require_export_extra("transformers")
     target = choose_target(config)
     values = dict(
         vocab_size=config.src_vocab_size,
@@ -159,8 +141,8 @@ def generation_config(config: ModelConfig, decoding: dict[str, Any] | None) -> A
     length cap is per sentence (``max_len_a * source length + max_len_b``) where ``generate``
     has one cap (``max_length``, here the model's positional limit).
     """
-    transformers = _require("transformers")
-    search = _search_config(decoding)
+    transformers = require_export_extra("transformers")
+    search = SearchConfig.from_stored(decoding)
     beam = {}
     if search.beam_size > 1:  # generate refuses beam options with num_beams=1
         beam = {"early_stopping": True, "length_penalty": search.length_penalty}
@@ -177,14 +159,9 @@ def generation_config(config: ModelConfig, decoding: dict[str, Any] | None) -> A
     )
 
 
-def _search_config(decoding: dict[str, Any] | None) -> SearchConfig:
-    known = set(SearchConfig.__dataclass_fields__)
-    return SearchConfig(**{k: v for k, v in (decoding or {}).items() if k in known})
-
-
 def to_huggingface(loaded: LoadedModel) -> tuple[Any, Any]:
     """``(hf_model, hf_tokenizer)`` holding ``loaded``'s weights and vocabulary, in eval mode."""
-    transformers = _require("transformers")
+    transformers = require_export_extra("transformers")
     target = choose_target(loaded.config, loaded.tokenizer.joint)
     hf = getattr(transformers, target.architecture)(hf_config(loaded.config, loaded.decoding))
     hf.generation_config = generation_config(loaded.config, loaded.decoding)
@@ -208,7 +185,7 @@ def to_huggingface(loaded: LoadedModel) -> tuple[Any, Any]:
 
 def hf_tokenizer(loaded: LoadedModel) -> Any:
     """A ``PreTrainedTokenizerFast`` over our (joint) vocabulary; appends ``<eos>`` itself."""
-    transformers = _require("transformers")
+    transformers = require_export_extra("transformers")
     from tokenizers import Tokenizer as HFTokenizer
 
     return transformers.PreTrainedTokenizerFast(
@@ -224,7 +201,7 @@ def hf_tokenizer(loaded: LoadedModel) -> Any:
 
 def source_tokens(loaded: LoadedModel) -> int:
     """Source tokens ``<eos>`` included that our translator keeps: the tokenizer's limit."""
-    data = stored_data_config(loaded)
+    data = loaded.data_config()
     limit = source_limit(None if data is None else data.max_len, loaded.config.max_len)
     return (limit if limit is not None else loaded.config.max_len - 1) + 1
 

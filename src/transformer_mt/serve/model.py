@@ -1,82 +1,99 @@
-"""The model behind the service: one checkpoint, one decoding engine, options per request.
+"""The model behind the service: one checkpoint, one decoding engine, a search per request.
 
 :class:`ServedModel` is built once at start-up and then called from the batcher's one worker
 thread only, so the model, its KV caches and the attention recorder's hooks are never used by
 two calls at once. A translation takes the path ``transformer-mt-translate`` takes with the
-same options: :func:`~transformer_mt.inference.translate.search_config` over the checkpoint's
-stored decoding, the :class:`~transformer_mt.inference.translate.Translator` (torch) or the
-CTranslate2 engine, the same source cut and the same tokenizer.
+same options: :meth:`SearchConfig.from_stored` over the checkpoint's stored decoding, the
+:class:`~transformer_mt.inference.translator.Translator` over the engine (torch or
+CTranslate2), the same source cut and the same tokenizer.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from transformer_mt.checkpoint import build_model, load_checkpoint, load_model
+from transformer_mt.checkpoint import LoadedModel, build_model, load_checkpoint, load_model
 from transformer_mt.inference.attention_maps import KINDS, record_maps
 from transformer_mt.inference.averaging import stored_val_bleu
-from transformer_mt.inference.engine import open_engine
+from transformer_mt.inference.decode import Engine
+from transformer_mt.inference.engine import Converter, open_engine
 from transformer_mt.inference.search import SearchConfig
-from transformer_mt.inference.translate import Translation, Translator, search_config
-
-
-@dataclass(frozen=True)
-class Options:
-    """Decoding options of one request; ``None`` means the checkpoint's stored default.
-
-    Frozen (hashable): requests with equal options share an engine call.
-    """
-
-    beam_size: int | None = None
-    length_penalty: float | None = None
-    nbest: int | None = None
+from transformer_mt.inference.translator import Translation, Translator
 
 
 class ServedModel:
     """A checkpoint ready to serve: translation through one engine, attention through torch.
 
     Args:
-        ckpt: the checkpoint (.ckpt) written by train.py, or several sharing one tokenizer: an
-            ensemble (torch engine; the first one's decoding defaults, stored BLEU and attention).
-        engine: ``"torch"`` or ``"ctranslate2"``.
-        ct2_model: a directory written by ``transformer-mt-export --format ctranslate2`` (else
-            the checkpoint is converted at start-up).
-        compute_type: CTranslate2 weights (``int8``, ``float32``, ...).
+        ensemble: the loaded checkpoint, or several sharing one tokenizer (the first one's
+            decoding defaults and attention serve).
+        engine: the engine that translates (default: torch over ``ensemble``).
+        engine_kind: its name for ``GET /model`` (``"torch"``, ``"ctranslate2"``).
+        compute_type: CTranslate2 weights (``int8``, ``float32``, ...), for ``GET /model``.
         threads: intra-op threads of the engine (0 = the library's default).
         max_tokens: padded source tokens per engine batch (default: the checkpoint's
             ``data.eval_max_tokens``, as for ``transformer-mt-translate``).
+        val_bleu: the validation BLEU the checkpoint stores, for ``GET /model``.
     """
 
     def __init__(
         self,
+        ensemble: Sequence[LoadedModel],
+        *,
+        engine: Engine | None = None,
+        engine_kind: str = "torch",
+        compute_type: str | None = None,
+        threads: int = 0,
+        max_tokens: int | None = None,
+        val_bleu: float | None = None,
+    ) -> None:
+        self.ensemble = list(ensemble)
+        self.loaded = self.ensemble[0]
+        self.defaults = SearchConfig.from_stored(self.loaded.decoding)
+        self.translator = Translator(
+            self.ensemble, self.defaults, max_tokens=max_tokens, engine=engine
+        )
+        self.engine = self.translator.engine
+        self.engine_kind = engine_kind
+        self.compute_type = compute_type or ("default" if engine_kind != "torch" else None)
+        self.threads = threads
+        self.val_bleu = val_bleu
+
+    @classmethod
+    def open(
+        cls,
         ckpt: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
         engine: str = "torch",
         ct2_model: str | os.PathLike[str] | None = None,
         compute_type: str | None = None,
         threads: int = 0,
-        max_tokens: int | None = None,
-    ) -> None:
+        convert: Converter | None = None,
+    ) -> ServedModel:
+        """Load ``ckpt`` (each file read once, on the CPU) and open the engine ``engine``.
+
+        ``ct2_model``: a directory of ``transformer-mt-export --format ctranslate2``; else
+        ``convert`` writes one at start-up (:func:`~transformer_mt.inference.engine.open_engine`).
+        """
         paths = [ckpt] if isinstance(ckpt, (str, os.PathLike)) else list(ckpt)
         checkpoint = load_checkpoint(paths[0])
-        self.loaded = build_model(checkpoint, paths[0], "cpu")
-        self.val_bleu = stored_val_bleu(checkpoint)
+        first = build_model(checkpoint, paths[0], "cpu")
+        val_bleu = stored_val_bleu(checkpoint)
         del checkpoint
-        self.ensemble = [self.loaded, *(load_model(p, "cpu") for p in paths[1:])]
-        self.engine = engine
-        self.defaults = search_config(self.loaded.decoding)
+        ensemble = [first, *(load_model(p, "cpu") for p in paths[1:])]
         decoder = open_engine(
-            engine, self.ensemble, ct2_model=ct2_model, compute_type=compute_type, threads=threads
-        )
-        self.translator = Translator(self.ensemble, self.defaults, max_tokens, engine=decoder)
-        self.compute_type = compute_type or ("default" if engine != "torch" else None)
-        self.threads = threads
+            engine, ensemble, ct2_model=ct2_model, compute_type=compute_type, threads=threads,
+            convert=convert,
+        )  # fmt: skip
+        return cls(
+            ensemble, engine=decoder, engine_kind=engine, compute_type=compute_type,
+            threads=threads, val_bleu=val_bleu,
+        )  # fmt: skip
 
     def _pin_threads(self) -> None:
         """Torch's intra-op thread count, set on the calling (worker) thread."""
@@ -87,13 +104,17 @@ class ServedModel:
     def tokenizer(self) -> Any:
         return self.loaded.tokenizer
 
-    def search(self, options: Options) -> SearchConfig:
-        """The search of ``transformer-mt-translate --beam-size B --length-penalty A``."""
-        return search_config(
-            self.loaded.decoding,
-            beam_size=options.beam_size,
-            length_penalty=options.length_penalty,
-            nbest=options.nbest,
+    def search(
+        self,
+        *,
+        beam_size: int | None = None,
+        length_penalty: float | None = None,
+        nbest: int | None = None,
+    ) -> SearchConfig:
+        """The search of ``transformer-mt-translate --beam-size B --length-penalty A``;
+        ``None`` keeps the checkpoint's stored value."""
+        return SearchConfig.from_stored(
+            self.loaded.decoding, beam_size=beam_size, length_penalty=length_penalty, nbest=nbest
         )
 
     def source_tokens(self, lines: list[str]) -> int:
@@ -102,10 +123,9 @@ class ServedModel:
         ids = self.tokenizer.encode_src_batch([line.strip() for line in lines])
         return sum((len(s) if limit is None else min(len(s), limit)) + 1 for s in ids)
 
-    def translate(self, lines: list[str], options: Options) -> list[Translation]:
+    def translate(self, lines: list[str], search: SearchConfig) -> list[Translation]:
         """One :class:`Translation` (n-best list, scores) per line, in order (blocking: call it
         from the worker thread)."""
-        search = self.search(options)
         self._pin_threads()
         return self.translator.translate_batch(lines, search)
 
@@ -141,7 +161,7 @@ class ServedModel:
             "ensemble": [Path(m.path).name for m in self.ensemble],
             "src_lang": loaded.src_lang,
             "tgt_lang": loaded.tgt_lang,
-            "engine": self.engine,
+            "engine": self.engine_kind,
             "compute_type": self.compute_type,
             "parameters": sum(p.numel() for p in loaded.model.parameters()),
             "config": config.to_dict(),

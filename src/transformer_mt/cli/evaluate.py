@@ -1,0 +1,43 @@
+"""``transformer-mt-evaluate ckpt_path=PATH [key=value ...]`` (as ``python evaluate.py``).
+
+Hydra composes ``configs/evaluate.yaml`` against its schema
+(:class:`~transformer_mt.inference.settings.EvalSchema`), the command turns it into typed
+settings once and :func:`transformer_mt.inference.evaluate.run` does the work; a CTranslate2
+engine without ``engine_model=`` gets the export wing's converter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from transformer_mt.cli.hydra_app import CONFIG_DIR, register_configs, search_keys, spelled
+from transformer_mt.errors import guarded, run_entry_point
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="evaluate")
+@guarded
+@spelled(search_keys("decoding"))
+def _main(cfg: DictConfig) -> Any:
+    return evaluate(cfg)
+
+
+def evaluate(cfg: DictConfig) -> dict[str, Any]:
+    """Evaluate as the composed ``cfg`` says: typed once, then the pipeline (also for tests
+    and scripts that compose the config themselves)."""
+    from transformer_mt.inference.evaluate import run
+    from transformer_mt.inference.settings import eval_settings
+
+    settings = eval_settings(cfg)
+    convert = None
+    if settings.engine == "ctranslate2" and not settings.engine_model:
+        from transformer_mt.export.convert import convert_for_engine as convert
+    return run(settings, convert=convert)
+
+
+def main() -> None:
+    """The command: register the schemas, then let Hydra compose and run."""
+    register_configs()
+    run_entry_point(_main)

@@ -1,0 +1,139 @@
+"""What the flag commands (translate, score, export, serve) share: options, spelling, errors.
+
+The library names a setting as its config does (``beam_size``); here it is spelled as these
+commands take it (``--beam-size 1``), so that a fix in an error line can be typed as given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from transformer_mt.checkpoint import LoadedModel, load_model, resolve_device
+from transformer_mt.errors import EXIT_USER_ERROR, SettingError, one_line
+from transformer_mt.files import TEXT_ERRORS
+from transformer_mt.inference.engine import ENGINES, Converter, open_engine
+from transformer_mt.inference.translator import Translator
+
+#: The option that reads undecodable input bytes as U+FFFD instead of refusing them.
+ERRORS_FIX = "--errors replace"
+
+#: A setting's name in the library -> its flag here, where the two differ beyond ``_``/``-``.
+FLAG_NAMES = {"engine": "--engine"}
+
+
+def flag(setting: str, value: Any) -> str:
+    """``beam_size``, 1 -> ``--beam-size 1``: a :class:`SettingError` fix as a flag."""
+    name = FLAG_NAMES.get(setting, "--" + setting.replace("_", "-"))
+    return name if value is True else f"{name} {value}"
+
+
+def in_flags(err: BaseException) -> BaseException:
+    """``err`` with a :class:`SettingError`'s fix written as flags (other errors as they are)."""
+    if isinstance(err, SettingError):
+        return ValueError(err.render(flag))
+    return err
+
+
+def user_error(err: BaseException) -> int:
+    """Print the one ``error:`` line of a user mistake; the exit status for it."""
+    print(f"error: {one_line(in_flags(err))}", file=sys.stderr)
+    return EXIT_USER_ERROR
+
+
+def configure_logging(quiet: bool) -> None:
+    logging.basicConfig(
+        level=logging.ERROR if quiet else logging.WARNING,
+        format="%(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def add_errors_argument(parser: argparse.ArgumentParser) -> None:
+    """``--errors``: how every command that reads text treats bytes that are not UTF-8."""
+    parser.add_argument(
+        "--errors",
+        choices=TEXT_ERRORS,
+        default="strict",
+        help="input bytes that are not UTF-8: strict (refuse, naming the line) or replace "
+        "(read them as U+FFFD, with a warning that counts the lines)",
+    )
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--engine``, ``--ct2-model``, ``--compute-type``: the engine that decodes."""
+    parser.add_argument("--engine", choices=ENGINES, default="torch", help="decoding engine")
+    parser.add_argument("--ct2-model", help="CTranslate2 dir of transformer-mt-export (optional)")
+    parser.add_argument("--compute-type", help="CTranslate2 weights: int8, float32, ...")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of every command that decodes or scores with checkpoints."""
+    parser.add_argument(
+        "--ckpt",
+        required=True,
+        action="append",
+        help="checkpoint (.ckpt) written by train.py; repeat it for an ensemble (the models' "
+        "log-probabilities are averaged; they must share the tokenizer)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        help="padded source tokens per batch (default: the checkpoint's data.eval_max_tokens)",
+    )
+    parser.add_argument("--batch-size", type=int, help="sentences per batch (instead of tokens)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
+    parser.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only errors on stderr")
+    add_engine_arguments(parser)
+
+
+def check_engine_flags(args: argparse.Namespace) -> None:
+    """CTranslate2's flags mean nothing to the torch engine: refuse them."""
+    for name, value in (("--ct2-model", args.ct2_model), ("--compute-type", args.compute_type)):
+        if value is not None and args.engine != "ctranslate2":
+            raise ValueError(f"{name} applies to --engine ctranslate2 only; add it")
+
+
+def converter(args: argparse.Namespace) -> Converter | None:
+    """The export wing's CTranslate2 converter when ``--engine ctranslate2`` comes without
+    ``--ct2-model`` (imported only then: it needs the export extra)."""
+    if args.engine != "ctranslate2" or args.ct2_model:
+        return None
+    from transformer_mt.export.convert import convert_for_engine
+
+    return convert_for_engine
+
+
+def open_engine_for(
+    args: argparse.Namespace, loaded: Sequence[LoadedModel], *, threads: int | None = None
+) -> Any:
+    """The engine ``--engine`` names for the loaded checkpoints (converted on the fly for
+    CTranslate2 without ``--ct2-model``)."""
+    return open_engine(
+        args.engine,
+        loaded,
+        ct2_model=args.ct2_model,
+        compute_type=args.compute_type,
+        threads=threads,
+        convert=converter(args),
+    )
+
+
+def open_translator(args: argparse.Namespace) -> Translator:
+    """Load ``args.ckpt`` once (one or an ensemble) and its engine, as the command line asks.
+
+    Raises:
+        ValueError: CTranslate2 options without ``--engine ctranslate2``, or an engine that
+            cannot decode these checkpoints.
+    """
+    check_engine_flags(args)
+    device = resolve_device(args.device)
+    loaded = [load_model(path, device) for path in args.ckpt]
+    engine = open_engine_for(args, loaded)
+    return Translator(
+        loaded, max_tokens=args.max_tokens, max_sentences=args.batch_size, engine=engine
+    )

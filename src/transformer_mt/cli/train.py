@@ -1,0 +1,33 @@
+"""``transformer-mt-train [experiment=...] [key=value ...]`` (as ``python train.py``).
+
+Hydra composes ``configs/train.yaml`` against its schema and
+:func:`transformer_mt.training.run.run` does the work; a user mistake is one ``error:`` line
+and exit status 2 (docs/errors.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from transformer_mt.cli.hydra_app import CONFIG_DIR, register_configs, search_keys, spelled
+from transformer_mt.errors import guarded, run_entry_point
+
+
+# Guarded inside the Hydra function, so that Hydra's handler never sees a user error.
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+@guarded
+@spelled(search_keys("module.decoding"))
+def _main(cfg: DictConfig) -> Any:
+    # Imported when the command runs, so that --help and config errors answer at once.
+    from transformer_mt.training.run import run
+
+    return run(cfg)
+
+
+def main() -> None:
+    """The command: register the schemas, then let Hydra compose and run."""
+    register_configs()
+    run_entry_point(_main)

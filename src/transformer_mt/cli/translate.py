@@ -1,0 +1,241 @@
+"""``transformer-mt-translate``: translate text with a checkpoint, one output line per input.
+
+``transformer-mt-translate --ckpt run/checkpoints/last.ckpt < input.en > output.de``
+
+One output line per input line, in order (empty lines stay empty), as text, an n-best TSV
+(``--nbest``) or JSON lines; lines are read, sorted and translated ``--buffer-size`` at a time
+by the :class:`~transformer_mt.inference.translator.Translator`. Decoding options default to
+those stored in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+from transformer_mt.checkpoint import CheckpointError
+from transformer_mt.cli.options import (
+    ERRORS_FIX,
+    add_errors_argument,
+    add_model_arguments,
+    configure_logging,
+    open_translator,
+    user_error,
+)
+from transformer_mt.files import (
+    atomic_write,
+    check_output_file,
+    check_outputs_apart,
+    decode_lines,
+    replaced_lines_warning,
+)
+from transformer_mt.inference.search import LENGTH_NORMS, SearchConfig
+from transformer_mt.inference.translator import (
+    BEST_DECODING,
+    Translation,
+    Translator,
+    decoding_from,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="transformer-mt-translate",
+        description=(
+            "Translate text with a transformer-mt checkpoint: one output line per input line, "
+            "in order (empty lines stay empty). Decoding options default to those stored in "
+            "the checkpoint."
+        ),
+        epilog="example: transformer-mt-translate --ckpt run/checkpoints/last.ckpt < in.en > out.de",
+    )
+    add_model_arguments(parser)
+    parser.add_argument(
+        "-i", "--input", default="-", help="input file, one sentence a line ('-' = stdin)"
+    )
+    parser.add_argument("-o", "--output", default="-", help="output file ('-' = stdout)")
+    parser.add_argument(
+        "--decoding-from",
+        metavar="PATH",
+        help=f"{BEST_DECODING} of a decoding sweep (or its directory); the flags below win",
+    )
+    parser.add_argument("--beam-size", type=int, help="beam size (1 = greedy)")
+    parser.add_argument("--greedy", action="store_true", help="greedy search (= --beam-size 1)")
+    parser.add_argument("--length-penalty", type=float, help="length penalty alpha")
+    parser.add_argument(
+        "--length-norm",
+        choices=LENGTH_NORMS,
+        help="divide beam scores by ((5 + |Y|) / 6) ** alpha (gnmt) or |Y| ** alpha (power)",
+    )
+    parser.add_argument("--max-len-a", type=float, help="output length cap a * src_len + b: a")
+    parser.add_argument("--max-len-b", type=int, help="output length cap a * src_len + b: b")
+    parser.add_argument(
+        "--nbest",
+        type=int,
+        help="write the K best hypotheses of each line (K <= beam size) as "
+        "index<TAB>rank<TAB>score<TAB>translation lines (index from 0, rank from 1)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("text", "jsonl"),
+        default="text",
+        help='jsonl: one {"index", "source", "hypotheses": [{"text", "score", "tokens"}]} '
+        "object per input line",
+    )
+    parser.add_argument(
+        "--buffer-size",
+        type=int,
+        default=10000,
+        help="lines read, sorted and translated at a time (default 10000)",
+    )
+    add_errors_argument(parser)
+    return parser
+
+
+def _open_input(name: str) -> BinaryIO:
+    """The raw bytes of ``name`` ('-' = stdin); decoded by :func:`decode_lines`."""
+    if name == "-":
+        return sys.stdin.buffer
+    if Path(name).is_dir():
+        raise IsADirectoryError(f"--input {name} is a directory; pass a text file")
+    if not Path(name).exists():
+        raise FileNotFoundError(f"--input {name} does not exist; check the path")
+    try:
+        return open(name, "rb")
+    except PermissionError:
+        raise PermissionError(
+            f"--input {name} cannot be read (permission denied); fix its permissions"
+        ) from None
+
+
+def _check_input_text(name: str, errors: str) -> None:
+    """Refuse a file with undecodable bytes before any work (stdin is checked as it streams)."""
+    if name == "-" or errors != "strict" or not Path(name).is_file():
+        return  # stdin, or a path _open_input reports
+    with open(name, "rb") as handle:
+        for _ in decode_lines(handle, name, errors=errors, fix=ERRORS_FIX):
+            pass
+
+
+@contextlib.contextmanager
+def _open_output(name: str) -> Iterator[TextIO]:
+    """stdout, or the file written through a temporary file and renamed when complete.
+
+    A failed or interrupted run therefore leaves an existing output file as it was.
+    """
+    if name != "-":
+        with atomic_write(name, "w", encoding="utf-8", newline="\n") as handle:
+            yield handle
+        return
+    sink = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
+    try:
+        yield sink
+    finally:
+        sink.flush()
+        sink.detach()  # leave sys.stdout usable
+
+
+def _open_translator(args: argparse.Namespace) -> tuple[Translator, SearchConfig]:
+    """The translator and search the options ask for; refuses unsafe paths before loading."""
+    check_outputs_apart(
+        [("--output", args.output)],
+        [
+            ("--input", args.input),
+            *(("--ckpt", c) for c in args.ckpt),
+            ("--ct2-model", args.ct2_model),
+        ],
+    )
+    check_output_file(args.output, "--output")
+    _check_input_text(args.input, args.errors)
+    if args.buffer_size < 1:
+        raise ValueError(f"--buffer-size must be >= 1, got {args.buffer_size}")
+    translator = open_translator(args)
+    search = SearchConfig.from_stored(
+        {**(translator.loaded.decoding or {}), **decoding_from(args.decoding_from)},
+        beam_size=1 if args.greedy else args.beam_size,
+        length_penalty=args.length_penalty,
+        length_norm=args.length_norm,
+        max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b,
+        nbest=args.nbest,
+    )
+    return translator, search
+
+
+def format_translation(translation: Translation, index: int, args: argparse.Namespace) -> str:
+    """The output lines of one input line: text, n-best TSV or a JSON object."""
+    if args.format == "jsonl":
+        hyps = [
+            {"text": h.text, "score": round(h.score, 6), "tokens": h.tokens}
+            for h in translation.hypotheses
+        ]
+        record = {"index": index, "source": translation.source, "hypotheses": hyps}
+        return json.dumps(record, ensure_ascii=False) + "\n"
+    if args.nbest is None:
+        return translation.text + "\n"
+    return "".join(
+        f"{index}\t{rank}\t{h.score:.4f}\t{h.text}\n"
+        for rank, h in enumerate(translation.hypotheses, start=1)
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status.
+
+    A user error (missing or unsafe checkpoint, bad option, input that is not UTF-8, an
+    output that would overwrite an input) is one ``error:`` line on stderr and status 2, as
+    for train.py and evaluate.py (transformer_mt.errors); Ctrl-C gives 130.
+    """
+    args = build_parser().parse_args(argv)
+    configure_logging(args.quiet)
+    try:
+        translator, search = _open_translator(args)
+        source = _open_input(args.input)
+    except (CheckpointError, ValueError, OSError) as err:
+        return user_error(err)
+    start, count, replaced = time.perf_counter(), 0, []
+    lines = decode_lines(source, args.input, errors=args.errors, replaced=replaced, fix=ERRORS_FIX)
+    try:
+        with _open_output(args.output) as sink:
+            for chunk in _chunks(lines, args.buffer_size):
+                for translation in translator.translate_batch(
+                    chunk, search, progress=args.progress
+                ):
+                    sink.write(format_translation(translation, count, args))
+                    count += 1
+                sink.flush()
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, OSError) as err:  # bytes that are not UTF-8 on stdin, a full disk
+        return user_error(err)
+    finally:
+        if args.input != "-":
+            source.close()
+    if replaced:
+        log.warning(replaced_lines_warning(args.input, replaced))
+    log.info("translated %d lines in %.1f s", count, time.perf_counter() - start)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

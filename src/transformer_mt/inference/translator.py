@@ -1,0 +1,244 @@
+"""The :class:`Translator`: batched translation and scoring with a checkpoint, in input order.
+
+One output per input line, in order. Empty and whitespace-only lines give empty outputs;
+sentences are sorted by length and batched by a token budget (or a sentence count), then put
+back in input order, by the decode loop validation and evaluate.py use
+(:mod:`transformer_mt.inference.decode`); a source longer than the checkpoint's
+``data.max_len`` (or the model's positional ``max_len`` - 1) is cut with a warning. Byte-level
+BPE encodes any Unicode text (emoji, CJK), so no input crashes the tokenizer. The command line
+around it is :mod:`transformer_mt.cli.translate`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer_mt.checkpoint import LoadedModel
+from transformer_mt.data.batching import decode_sampler
+from transformer_mt.data.collate import Collate, source_limit
+from transformer_mt.inference.decode import Engine, best_tokens, decode, progress_bar, score
+from transformer_mt.inference.engine import TorchEngine
+from transformer_mt.inference.search import Hypothesis, SearchConfig
+
+log = logging.getLogger(__name__)
+
+#: Budget when neither the caller nor the checkpoint's data config gives one.
+DEFAULT_MAX_TOKENS = 4096
+
+
+#: What a decoding sweep (``evaluate.py -m ... decoding.beam_size=4,5,8``) leaves in its
+#: sweep directory: the best setting, for ``decoding_from=`` / ``--decoding-from``.
+BEST_DECODING = "best_decoding.yaml"
+
+
+def decoding_from(path: str | Path | None) -> dict[str, Any]:
+    """The ``decoding:`` settings of a decoding sweep's ``best_decoding.yaml`` ({} for None).
+
+    ``path`` is the file or the sweep directory holding it.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file has no ``decoding:`` mapping.
+    """
+    if not path:
+        return {}
+    file = Path(path) / BEST_DECODING if Path(path).is_dir() else Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"decoding file {file} not found; give the {BEST_DECODING} of a decoding sweep "
+            "(python evaluate.py -m ckpt_path=... split=validation decoding.beam_size=4,5,8) or "
+            "its sweep directory"
+        )
+    from omegaconf import OmegaConf
+
+    content = OmegaConf.to_container(OmegaConf.load(file))
+    decoding = content.get("decoding") if isinstance(content, dict) else None
+    if not isinstance(decoding, dict):
+        raise ValueError(f"{file} has no 'decoding:' mapping; is it a {BEST_DECODING}?")
+    return {str(k): v for k, v in decoding.items()}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One hypothesis as text: its detokenized text, score and target tokens (subwords)."""
+
+    text: str
+    score: float
+    tokens: list[str]
+
+
+@dataclass(frozen=True)
+class Translation:
+    """The translation of one line: its n-best list, best first (one entry without n-best)."""
+
+    source: str
+    hypotheses: list[Candidate]
+
+    @property
+    def text(self) -> str:
+        return self.hypotheses[0].text
+
+    @property
+    def score(self) -> float:
+        return self.hypotheses[0].score
+
+
+class Translator:
+    """Batched translation with a loaded checkpoint (or an ensemble), through the decode loop.
+
+    Sources are cut like the test split of training (:func:`source_limit` of the stored
+    ``data.max_len`` and the model's ``max_len``) and batched like it (the stored
+    ``data.eval_max_tokens`` is the default budget), so translating a test set gives the
+    hypotheses evaluate.py and the trainer score.
+
+    Args:
+        loaded: the model and tokenizer (:func:`transformer_mt.checkpoint.load_model`), or
+            several checkpoints sharing one tokenizer: an ensemble (the first one's stored
+            decoding and data config are the defaults).
+        search: default decoding options (beam_size 1 = greedy).
+        max_tokens: padded source tokens per batch (default when neither bound is given: the
+            checkpoint's ``data.eval_max_tokens``, else 4096).
+        max_sentences: sentences per batch (instead of, or on top of, ``max_tokens``).
+        engine: the :class:`~transformer_mt.inference.decode.Engine` (default: our torch
+            search over the loaded model(s); :func:`~transformer_mt.inference.engine.open_engine`
+            builds the others).
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel | Sequence[LoadedModel],
+        search: SearchConfig | None = None,
+        max_tokens: int | None = None,
+        max_sentences: int | None = None,
+        *,
+        engine: Engine | None = None,
+    ) -> None:
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if max_sentences is not None and max_sentences < 1:
+            raise ValueError(f"batch size in sentences must be >= 1, got {max_sentences}")
+        models = [loaded] if isinstance(loaded, LoadedModel) else list(loaded)
+        self.loaded, self.tokenizer = models[0], models[0].tokenizer
+        self.engine = engine if engine is not None else TorchEngine.from_loaded(models)
+        self.search = search or SearchConfig.from_stored(self.loaded.decoding)
+        data = self.loaded.data_config()
+        if max_tokens is None and max_sentences is None:
+            max_tokens = DEFAULT_MAX_TOKENS if data is None else data.eval_max_tokens
+        self.max_tokens, self.max_sentences = max_tokens, max_sentences
+        #: source ids kept per sentence: the rule of every decoding path
+        model_max_len = min(m.config.max_len for m in models)
+        self.limit = source_limit(None if data is None else data.max_len, model_max_len)
+        tok = self.tokenizer
+        self.collate = Collate(tok.pad_id, tok.bos_id, tok.eos_id, self.limit)
+
+    @property
+    def device(self) -> torch.device:
+        return self.loaded.device
+
+    def encode(self, lines: Sequence[str], where: str = "input") -> list[list[int]]:
+        """Source ids per line (no ``<eos>``); over-long lines are cut with a warning."""
+        ids = self.tokenizer.encode_src_batch([line.strip() for line in lines])
+        limit = self.limit
+        long_lines = [i for i, seq in enumerate(ids) if limit is not None and len(seq) > limit]
+        for i in long_lines[:5]:
+            log.warning(
+                "%s line %d has %d tokens, more than the %d a sentence may have (data.max_len, "
+                "or the model's max_len - 1): truncated",
+                where,
+                i + 1,
+                len(ids[i]),
+                limit,
+            )
+        if len(long_lines) > 5:
+            log.warning("... %d long lines truncated in all", len(long_lines))
+        return [seq[:limit] for seq in ids]
+
+    def batches(
+        self, ids: Sequence[Sequence[int]], targets: Sequence[Sequence[int]] | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Collated batches of ``ids`` (and ``targets``) in the order every decoding path uses.
+
+        With targets (forced decoding), the budget counts the longer side of each pair.
+        """
+        limit = self.limit
+        lengths = [(len(s) if limit is None else min(len(s), limit)) + 1 for s in ids]  # + <eos>
+        if targets is not None:
+            lengths = [max(n, len(t) + 1) for n, t in zip(lengths, targets)]
+        for batch in decode_sampler(lengths, self.max_tokens, self.max_sentences):
+            columns: dict[str, Any] = {"src_ids": [ids[i] for i in batch], "index": batch}
+            if targets is not None:
+                columns["tgt_ids"] = [targets[i] for i in batch]
+            yield self.collate(columns)
+
+    def decode_ids(
+        self,
+        ids: Sequence[Sequence[int]],
+        search: SearchConfig | None = None,
+        *,
+        progress: bool = False,
+    ) -> list[list[Hypothesis]]:
+        """The n-best list of each source id list, in order (``search``: default the
+        translator's). Empty sources give one empty hypothesis without running the model."""
+        if not ids:
+            return []
+        with progress_bar(progress, len(ids)) as advance:
+            return decode(self.engine, self.batches(ids), search or self.search, advance)
+
+    def translate_ids(
+        self, ids: Sequence[Sequence[int]], progress: bool = False
+    ) -> list[list[int]]:
+        """Output ids (no ``<bos>``, cut before ``<eos>``) of the best hypothesis, in order."""
+        return best_tokens(self.decode_ids(ids, progress=progress))
+
+    def translate_batch(
+        self, lines: Sequence[str], search: SearchConfig | None = None, *, progress: bool = False
+    ) -> list[Translation]:
+        """Each line's :class:`Translation` (text, score and the ``search.nbest`` best), in order.
+
+        ``search`` overrides the translator's default for this call (e.g. per request).
+        """
+        nbest_lists = self.decode_ids(self.encode(lines), search, progress=progress)
+        flat = [h for hyps in nbest_lists for h in hyps]
+        texts = iter(self.tokenizer.decode_hypotheses([h.tokens for h in flat]))
+        vocab = self.tokenizer.tgt
+        return [
+            Translation(
+                line,
+                [
+                    Candidate(next(texts), h.score, [vocab.id_to_token(t) for t in h.tokens])
+                    for h in hyps
+                ],
+            )
+            for line, hyps in zip(lines, nbest_lists)
+        ]
+
+    def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
+        """One translation per line, in order; never a line break inside a translation."""
+        return self.tokenizer.decode_hypotheses(self.translate_ids(self.encode(lines), progress))
+
+    def score_ids(
+        self,
+        sources: Sequence[Sequence[int]],
+        targets: Sequence[Sequence[int]],
+        *,
+        progress: bool = False,
+    ) -> list[list[float]]:
+        """Log-probability of each target token (``<eos>`` last) given its source, in order.
+
+        Forced decoding, batched like translation; sources are cut to :attr:`limit` by the
+        collate, targets must fit the model (at most ``max_len - 1`` ids).
+        """
+        with progress_bar(progress, len(sources), "scoring") as advance:
+            return score(self.engine, self.batches(sources, targets), advance)
+
+    def log_probs(
+        self, sources: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]
+    ) -> list[float]:
+        """Model log-probability of each output (``<eos>`` included) given its source."""
+        return [sum(token_scores) for token_scores in self.score_ids(sources, outputs)]
