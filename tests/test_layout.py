@@ -71,6 +71,101 @@ def test_a_forbidden_import_breaks_a_contract(
     assert f"transformer_mt.{wing}.culprit" in broken, result.stdout
 
 
+def module_imports(package: Path) -> tuple[dict[str, set[str]], list[str]]:
+    """Every file-level import inside ``package`` (imports inside functions and under
+    ``TYPE_CHECKING`` count) as ``module -> modules it imports``, and each import of another
+    file's private ``_name`` as ``"importer: module._name"``."""
+    root = package.parent
+    files = {}
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def owner(name: str) -> str | None:  # the file that defines module ``name``
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    private: list[str] = []
+    for name, path in files.items():
+        package_name = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [(a.name, None) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package_name.split(".")[: len(package_name.split(".")) - node.level + 1]
+                    base = ".".join([*up, *([node.module] if node.module else [])])
+                targets = [(base, a.name) for a in node.names]
+            else:
+                continue
+            for module, attr in targets:
+                full = f"{module}.{attr}" if attr else module
+                target = owner(full) if full in files else owner(module)
+                if target is None or target == name:
+                    continue
+                graph[name].add(target)
+                if attr and attr.startswith("_") and full not in files:
+                    private.append(f"{name}: {target}.{attr}")
+    return graph, private
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan): the circles."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_and_no_private_import_across_files() -> None:
+    graph, private = module_imports(PACKAGE)
+    assert "transformer_mt.cli.translate" in graph  # the walk found the package
+    assert not import_cycles(graph), f"import cycles between files: {import_cycles(graph)}"
+    assert not private, f"imports of another file's private name: {private}"
+
+
+def test_the_cycle_and_private_import_check_bites(tmp_path: Path) -> None:
+    package = tmp_path / "transformer_mt"
+    shutil.copytree(PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    # A circle closed only inside a function, and a private name taken from another file.
+    (package / "model" / "culprit_a.py").write_text("from . import culprit_b\n")
+    (package / "model" / "culprit_b.py").write_text(
+        "def late():\n    from transformer_mt.model.culprit_a import _hidden\n"
+    )
+    graph, private = module_imports(package)
+    assert import_cycles(graph) == [
+        ["transformer_mt.model.culprit_a", "transformer_mt.model.culprit_b"]
+    ]
+    assert private == ["transformer_mt.model.culprit_b: transformer_mt.model.culprit_a._hidden"]
+
+
 def _modules() -> list[str]:
     return [path.relative_to(PACKAGE).as_posix() for path in sorted(PACKAGE.rglob("*.py"))]
 

@@ -338,3 +338,33 @@ def composition_error(exc: BaseException) -> str:
         key = getattr(cause, "full_key", None)
         parts.append(f"{key}: {first}" if key and key not in first else first)
     return "; ".join(parts) + ("; add --cfg job to the command to see every key with its value")
+
+
+def refuse_unknown_keys(node: Any, where: str = "") -> None:
+    """Refuse a key that no schema field names, at any depth (``+data.vocab_sise=100``).
+
+    Hydra's ``+key=value`` adds a key even to a typed node, and ``OmegaConf.to_object`` keeps
+    it as a stray attribute, so the typed settings would silently ignore a misspelt setting.
+
+    Raises:
+        ValueError: naming the key and the keys its node has.
+    """
+    import dataclasses
+
+    from omegaconf import DictConfig, OmegaConf
+
+    schema = OmegaConf.get_type(node)
+    if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+        return  # a plain mapping (data.prefixes, ...): any key is a value
+    known = [f.name for f in dataclasses.fields(schema)]
+    for key in node:
+        path = f"{where}{key}"
+        if key not in known:
+            raise ValueError(
+                f"unknown setting {path!r}; the settings {'of ' + where[:-1] if where else 'at the top'} "
+                f"are {', '.join(k for k in known if not k.startswith('_'))} (fix its spelling, "
+                "or drop the override)"
+            )
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            refuse_unknown_keys(child, f"{path}.")

@@ -224,7 +224,7 @@ def test_debug_variable_shows_the_traceback(tmp_path: Path) -> None:
 def test_unknown_constructor_argument_is_a_user_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A key added with + passes the schema (Hydra forces it in); the constructor refuses it."""
+    """A key added with + passes composition (Hydra forces it in); the typed settings refuse it."""
     cfg = compose_train(tmp_path, [*FAST_TRAIN, "+data.max_tokenz=5"])
     with pytest.raises(SystemExit) as exited:
         guarded(run)(cfg)

@@ -18,6 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from transformer_mt.checkpoint import CheckpointError
 from transformer_mt.data.config import DataConfig
+from transformer_mt.errors import refuse_unknown_keys
 
 NO_CHECKPOINT = (
     "no checkpoint given; run `python evaluate.py ckpt_path=PATH`, e.g. "
@@ -107,38 +108,12 @@ def eval_settings(cfg: DictConfig | EvalSchema) -> EvalSchema:
     """The composed config as typed objects (interpolations resolved); typed ones as they are."""
     if isinstance(cfg, EvalSchema):
         return cfg
-    unknown_keys(cfg)
+    refuse_unknown_keys(cfg)
     if OmegaConf.is_missing(cfg, "ckpt_path"):
         raise CheckpointError(NO_CHECKPOINT)
     settings = OmegaConf.to_object(cfg)
     assert isinstance(settings, EvalSchema), type(settings)
     return settings
-
-
-def unknown_keys(node: DictConfig, where: str = "") -> None:
-    """Refuse a key that no schema field names, at any depth (``+data.vocab_sise=100``).
-
-    Hydra's ``+key=value`` adds a key even to a typed node, and ``OmegaConf.to_object`` keeps
-    it as a stray attribute, so the typed settings would silently ignore a misspelt setting.
-
-    Raises:
-        ValueError: naming the key and the keys its node has.
-    """
-    schema = OmegaConf.get_type(node)
-    if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
-        return  # a plain mapping (data.prefixes, ...): any key is a value
-    known = [f.name for f in dataclasses.fields(schema)]
-    for key in node:
-        path = f"{where}{key}"
-        if key not in known:
-            raise ValueError(
-                f"unknown setting {path!r}; the settings {'of ' + where[:-1] if where else 'at the top'} "
-                f"are {', '.join(k for k in known if not k.startswith('_'))} (fix its spelling, "
-                "or drop the override)"
-            )
-        child = node._get_node(key)
-        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
-            unknown_keys(child, f"{path}.")
 
 
 def data_overrides(data: Any) -> dict[str, Any]:

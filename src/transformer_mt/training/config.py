@@ -22,9 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from transformer_mt.data.config import DataConfig
+from transformer_mt.errors import UserError, refuse_unknown_keys
 from transformer_mt.inference.search import SearchConfig
 from transformer_mt.model.config import ModelConfig
 from transformer_mt.training.schedules import SCHEDULES
@@ -78,20 +79,14 @@ class TrainingConfig:
                 f"module.nonfinite_loss must be 'stop' or 'skip', got {self.nonfinite_loss!r}"
             )
 
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> TrainingConfig:
-        """From the ``module`` section; an unknown key is an error that names the known ones."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown module config keys {unknown}; known keys: {sorted(known)}")
-        return cls(**values)
 
-
-def model_settings(cfg_model: Any) -> dict[str, Any]:
-    """The ``model`` group's values (typed by :data:`ModelGroup` at composition), less the
+def model_settings(model: Any) -> dict[str, Any]:
+    """The ``model`` group's values (a :data:`ModelGroup`, or its composed node), less the
     preset's ``name``: :class:`ModelConfig` keyword arguments but the tokenizer's sizes."""
-    values = OmegaConf.to_container(cfg_model, resolve=True)
+    if isinstance(model, DictConfig):
+        values = OmegaConf.to_container(model, resolve=True)
+    else:
+        values = dataclasses.asdict(model)
     assert isinstance(values, dict)
     values.pop("name", None)
     return values
@@ -121,32 +116,75 @@ class DataGroup(DataConfig):
 
     _target_: str = "transformer_mt.data.config.DataConfig"
 
+    def config(self) -> DataConfig:
+        """The :class:`DataConfig` these settings hold (without the target)."""
+        return DataConfig(**{f.name: getattr(self, f.name) for f in fields(DataConfig)})
+
 
 @dataclass
 class TrainSchema:
-    """Every key of ``configs/train.yaml`` and its type; the YAML holds the values.
+    """Every key of ``configs/train.yaml`` with its type and its one default.
 
-    The Lightning side (``trainer``, ``callbacks``, ``logger``) and the ``optimizer`` are
-    Hydra ``_target_`` nodes checked by the classes they instantiate.
+    The YAML files are presets over these defaults; the Lightning side (``trainer``,
+    ``callbacks``, ``logger``) and the ``optimizer`` are Hydra ``_target_`` nodes checked by
+    the classes they instantiate.
+
+    Attributes:
+        task_name: names the output directory ``outputs/<task_name>/runs/<time>/``.
+        seed: seeds everything, the generated corpus included.
+        run_dir: where checkpoints, logs and the tokenizer go (Hydra's output directory).
+        ckpt_path: resume from this checkpoint (``<run dir>/checkpoints/last.ckpt``).
+        init_from: fine-tune: start from this checkpoint's weights and tokenizer, with a fresh
+            optimizer, schedule and step count (training/finetune.py); its model settings stay.
+        freeze: parts that keep their starting weights: ``embeddings``, ``encoder``,
+            ``decoder``, ``generator`` or a submodule path such as ``encoder.layers.0``.
+        optimized_metric: what train.py returns (and sweeps maximise): that metric of the
+            last validation.
+        test_after_fit: evaluate the best checkpoint on the test split after training.
+        threads: torch intra-op threads (``None``: one per core). On a shared CPU one per
+            job avoids oversubscription, which slows OpenMP kernels several-fold.
+        budget: :class:`~transformer_mt.training.budget.TrainingBudget`'s options.
     """
 
     task_name: str = MISSING
-    seed: int = MISSING
+    seed: int = 42
     run_dir: str = MISSING
-    ckpt_path: str | None = MISSING
-    init_from: str | None = MISSING
-    freeze: list[str] = MISSING
-    optimized_metric: str | None = MISSING
-    test_after_fit: bool = MISSING
-    threads: int | None = MISSING
+    ckpt_path: str | None = None
+    init_from: str | None = None
+    freeze: list[str] = field(default_factory=list)
+    optimized_metric: str | None = "val/bleu"
+    test_after_fit: bool = True
+    threads: int | None = None
     data: DataGroup = field(default_factory=DataGroup)
     model: Any = field(default_factory=ModelGroup)  # typed by its ModelGroup default
     module: TrainingConfig = field(default_factory=TrainingConfig)
     optimizer: dict[str, Any] = field(default_factory=dict)
-    budget: dict[str, Any] = field(default_factory=dict)  # TrainingBudget's arguments
+    budget: dict[str, Any] = field(default_factory=dict)
     trainer: dict[str, Any] = field(default_factory=dict)
     callbacks: dict[str, Any] = field(default_factory=dict)
     logger: dict[str, Any] = field(default_factory=dict)
+
+
+def train_settings(cfg: DictConfig | TrainSchema) -> TrainSchema:
+    """The composed config as typed objects (interpolations resolved), once per run; typed
+    settings as they are.
+
+    Raises:
+        UserError: a required value (``???``) was not given; the message names the keys.
+    """
+    if isinstance(cfg, TrainSchema):
+        return cfg
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        example = " ".join(f"{key}=..." for key in missing)
+        raise UserError(
+            f"missing required config value(s): {', '.join(missing)}; set them on the command "
+            f"line, e.g. python train.py ... {example}"
+        )
+    refuse_unknown_keys(cfg)
+    settings = OmegaConf.to_object(cfg)
+    assert isinstance(settings, TrainSchema), type(settings)
+    return settings
 
 
 def register_schemas() -> None:

@@ -26,14 +26,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import BaseFinetuning
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model
 from transformer_mt.data.tokenizer import FILENAME, Tokenizer
 from transformer_mt.errors import UserError
 from transformer_mt.model.transformer import ModelConfig
-from transformer_mt.training.config import model_settings
+from transformer_mt.training.config import TrainSchema, model_settings
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +64,13 @@ class FineTuneStart:
         log.info("init_from: weights of %s (step %s)", self.init.path, self.init.global_step)
 
 
-def finetune_start(cfg: DictConfig, run_dir: Path) -> FineTuneStart | None:
-    """``cfg.init_from`` read and checked against the run's config; ``None`` without it."""
-    if not cfg.get("init_from"):
+def finetune_start(cfg: TrainSchema, run_dir: Path) -> FineTuneStart | None:
+    """``cfg.init_from`` read and checked against the run's settings; ``None`` without it."""
+    if not cfg.init_from:
         return None
     init = load_init(cfg.init_from)
     config = finetune_model_config(init, model_settings(cfg.model), explicit_overrides("model"))
-    data = OmegaConf.to_container(cfg.data, resolve=True)
-    assert isinstance(data, dict)
-    check_tokenizer_settings(init, data, explicit_overrides("data"))
+    check_tokenizer_settings(init, cfg.data.config().to_dict(), explicit_overrides("data"))
     return FineTuneStart(init, adopt_tokenizer(init, run_dir), config)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import warnings
@@ -13,11 +14,10 @@ import hydra
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ProgressBar
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from transformer_mt.checkpoint import LoadedModel
 from transformer_mt.data.datamodule import TranslationDataModule
-from transformer_mt.errors import NonFiniteLossError, TrainingInterrupted, UserError
+from transformer_mt.errors import NonFiniteLossError, TrainingInterrupted
 from transformer_mt.model.transformer import ModelConfig
 from transformer_mt.training.budget import TrainingBudget
 from transformer_mt.training.callbacks import (
@@ -31,7 +31,7 @@ from transformer_mt.training.checks import (
     check_resume_checkpoint,
     check_resume_matches,
 )
-from transformer_mt.training.config import TrainingConfig, model_settings
+from transformer_mt.training.config import TrainSchema, model_settings, train_settings
 from transformer_mt.training.finetune import FineTuneStart, FreezeParts, check_parts, finetune_start
 from transformer_mt.training.module import TranslationModule
 from transformer_mt.training.precision import resolve_precision
@@ -46,11 +46,9 @@ from transformer_mt.training.rundir import claim_run_dir, release_run_dir
 log = logging.getLogger(__name__)
 
 
-def model_config_from(
-    cfg_model: DictConfig, src_vocab: int, tgt_vocab: int, pad_id: int
-) -> ModelConfig:
-    """ModelConfig from the Hydra model group plus the sizes the tokenizer decided."""
-    values = model_settings(cfg_model)
+def model_config_from(model: Any, src_vocab: int, tgt_vocab: int, pad_id: int) -> ModelConfig:
+    """ModelConfig from the model group's settings plus the sizes the tokenizer decided."""
+    values = model_settings(model)
     values.update(src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, pad_id=pad_id)
     return ModelConfig.from_dict(values)
 
@@ -86,49 +84,25 @@ def route_lightning_logs() -> None:
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
-def _instantiate_all(section: Any) -> list[Any]:
-    if not section:
-        return []
+def _instantiate_all(section: dict[str, Any]) -> list[Any]:
     return [hydra.utils.instantiate(v) for v in section.values() if v is not None]
 
 
-def check_required(cfg: DictConfig) -> None:
-    """Fail with the key names when a required value (``???`` in the YAML) was not given."""
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        example = " ".join(f"{key}=..." for key in missing)
-        raise UserError(
-            f"missing required config value(s): {', '.join(missing)}; set them on the command "
-            f"line, e.g. python train.py ... {example}"
-        )
-
-
-def run_callbacks(cfg: DictConfig) -> list[Any]:
+def run_callbacks(cfg: TrainSchema) -> list[Any]:
     """The configured callbacks plus those every run has: budget, clean stop, trial pruning."""
-    callbacks = _instantiate_all(cfg.get("callbacks"))
+    callbacks = _instantiate_all(cfg.callbacks)
     if not any(isinstance(cb, TrainingBudget) for cb in callbacks):
         # trainer.max_time becomes the lr horizon; the warmup and the final validation fit in it.
-        budget_args = OmegaConf.to_container(cfg.get("budget") or OmegaConf.create({}))
-        assert isinstance(budget_args, dict)
-        callbacks.append(TrainingBudget(**budget_args))
+        callbacks.append(TrainingBudget(**cfg.budget))
     # Ctrl-C / SIGTERM stop at the end of a step: the saved checkpoint resumes bit-identically.
     callbacks.append(StopAtStepBoundary())
     # In an Optuna trial: report val/bleu and stop when pruned (under DDP, all ranks together).
-    callbacks.append(
-        TrialPruning(trial_from_hydra(), monitor=cfg.get("optimized_metric") or "val/bleu")
-    )
+    callbacks.append(TrialPruning(trial_from_hydra(), monitor=cfg.optimized_metric or "val/bleu"))
     return callbacks
 
 
-def check_config(cfg: DictConfig) -> LoadedModel | None:
-    """What can fail before any data is read: required values and the checkpoint to resume
-    from (returned, read and checked, or ``None``). Types were checked at composition."""
-    check_required(cfg)
-    return check_resume_checkpoint(cfg.get("ckpt_path"))
-
-
 def prepare_data(
-    cfg: DictConfig, run_dir: Path, start: FineTuneStart | None = None
+    cfg: TrainSchema, run_dir: Path, start: FineTuneStart | None = None
 ) -> TranslationDataModule:
     """The data module with its tokenizer trained (or read, or taken from ``init_from``) in
     ``run_dir`` and its splits ready.
@@ -136,11 +110,10 @@ def prepare_data(
     The model needs the tokenizer's vocabulary sizes, so this runs before :func:`build`;
     Lightning's own later ``prepare_data``/``setup`` calls find the work done.
     """
-    data_config = hydra.utils.instantiate(cfg.data, _convert_="all")  # a DataConfig
     datamodule = TranslationDataModule(
-        data_config,
+        cfg.data.config(),
         work_dir=run_dir,
-        model_max_len=start.model_config.max_len if start else cfg.model.get("max_len"),
+        model_max_len=start.model_config.max_len if start else cfg.model.max_len,
         tokenizer=start.tokenizer if start else None,
     )
     datamodule.prepare_data()
@@ -149,20 +122,18 @@ def prepare_data(
 
 
 def build_module(
-    cfg: DictConfig, datamodule: TranslationDataModule, start: FineTuneStart | None = None
+    cfg: TrainSchema, datamodule: TranslationDataModule, start: FineTuneStart | None = None
 ) -> TranslationModule:
     """The Lightning module for the prepared data: vocabulary sizes come from its tokenizer
     (model shape and weights from ``init_from`` when fine-tuning)."""
     model_config = start.model_config if start else model_config_from(
         cfg.model, datamodule.src_vocab_size, datamodule.tgt_vocab_size, datamodule.pad_id
     )  # fmt: skip
-    check_max_len(cfg.data.get("max_len"), model_config.max_len)
-    module_values = OmegaConf.to_container(cfg.module, resolve=True)
-    assert isinstance(module_values, dict)
+    check_max_len(cfg.data.max_len, model_config.max_len)
     module = TranslationModule(
         model_config,
         optimizer=hydra.utils.instantiate(cfg.optimizer),
-        training=TrainingConfig.from_dict(module_values),
+        training=cfg.module,
         tokenizer=datamodule.tokenizer,
     )
     if start is not None:
@@ -179,23 +150,23 @@ def build_module(
     return module
 
 
-def build_callbacks(cfg: DictConfig, module: TranslationModule) -> list[Any]:
+def build_callbacks(cfg: TrainSchema, module: TranslationModule) -> list[Any]:
     """:func:`run_callbacks`, the freeze of ``init_from`` fine-tuning, and no progress bar
     when the trainer has none."""
     callbacks = run_callbacks(cfg)
-    if cfg.get("freeze"):
-        check_parts(module.model, list(cfg.freeze))  # a wrong name fails before the Trainer
-        callbacks.append(FreezeParts(list(cfg.freeze)))
+    if cfg.freeze:
+        check_parts(module.model, cfg.freeze)  # a wrong name fails before the Trainer
+        callbacks.append(FreezeParts(cfg.freeze))
     if cfg.trainer.get("enable_progress_bar") is False:
         callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
     return callbacks
 
 
-def build_trainer(cfg: DictConfig, module: TranslationModule) -> pl.Trainer:
+def build_trainer(cfg: TrainSchema, module: TranslationModule) -> pl.Trainer:
     """The Trainer with the configured callbacks, loggers, atomic checkpoints and precision."""
     callbacks = build_callbacks(cfg, module)
     check_free_space(Path(cfg.run_dir), module, callbacks)
-    loggers = _instantiate_all(cfg.get("logger"))
+    loggers = _instantiate_all(cfg.logger)
     # Checkpoints are written to a temp file next to the target and renamed: kill -9 at any
     # moment leaves the previous last.ckpt intact (see transformer_mt.training.callbacks).
     plugins = list(cfg.trainer.get("plugins") or [])
@@ -221,7 +192,7 @@ def build_trainer(cfg: DictConfig, module: TranslationModule) -> pl.Trainer:
 
 
 def build(
-    cfg: DictConfig, datamodule: TranslationDataModule, start: FineTuneStart | None = None
+    cfg: TrainSchema, datamodule: TranslationDataModule, start: FineTuneStart | None = None
 ) -> tuple[TranslationModule, pl.Trainer]:
     """Lightning module and Trainer from a composed config and the prepared data.
 
@@ -232,12 +203,13 @@ def build(
 
 
 def prepare_and_build(
-    cfg: DictConfig,
+    cfg: DictConfig | TrainSchema,
 ) -> tuple[TranslationDataModule, TranslationModule, pl.Trainer]:
     """What a run does before ``fit``: seed, prepare the data, build module and Trainer.
 
     For tools that drive the fit themselves (the loop benchmark); :func:`run` does the same.
     """
+    cfg = train_settings(cfg)
     run_dir = Path(cfg.run_dir)
     start = finetune_start(cfg, run_dir)  # init_from: the checkpoint's weights and tokenizer
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -322,16 +294,20 @@ def _interrupted(trainer: pl.Trainer) -> TrainingInterrupted:
     )
 
 
-def run(cfg: DictConfig) -> float | None:
-    """Train, test the best checkpoint, print a summary; return ``cfg.optimized_metric``."""
+def run(cfg: DictConfig | TrainSchema) -> float | None:
+    """Train, test the best checkpoint, print a summary; return ``cfg.optimized_metric``.
+
+    The composed config becomes typed settings once, here (:func:`train_settings`).
+    """
+    cfg = train_settings(cfg)
     if "WANDB_API_KEY" not in os.environ:
         # Without a key wandb would prompt or hang; offline files can be synced later.
         os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("WANDB_SILENT", "true")
     torch.set_float32_matmul_precision("high")
     route_lightning_logs()
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg.threads))
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
 
     run_dir = Path(cfg.run_dir)
     # One run per directory, checked and locked once: by RunDirGuard when Hydra starts a
@@ -345,15 +321,15 @@ def run(cfg: DictConfig) -> float | None:
             release_run_dir(run_dir)
 
 
-def _run(cfg: DictConfig, run_dir: Path) -> float | None:
-    resumed = check_config(cfg)
+def _run(cfg: TrainSchema, run_dir: Path) -> float | None:
+    resumed = check_resume_checkpoint(cfg.ckpt_path)  # read and checked before any data
     datamodule, module, trainer = prepare_and_build(cfg)
     if resumed is not None:
         check_resume_matches(resumed, datamodule.tokenizer, module.config, run_dir)
         del resumed
     for logger in trainer.loggers:  # the whole composed config, for comparing runs and sweeps
-        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-    fit(trainer, module, datamodule, cfg.get("ckpt_path"))
+        logger.log_hyperparams(dataclasses.asdict(cfg))
+    fit(trainer, module, datamodule, cfg.ckpt_path)
     val_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
 
     checkpoint_cb = trainer.checkpoint_callback
@@ -361,7 +337,7 @@ def _run(cfg: DictConfig, run_dir: Path) -> float | None:
     test_metrics: dict[str, float] = {}
     pruning = next((cb for cb in trainer.callbacks if isinstance(cb, TrialPruning)), None)
     pruned = pruning is not None and pruning.pruned_at is not None  # no test for a pruned trial
-    if cfg.get("test_after_fit", True) and not trainer.fast_dev_run and not pruned:
+    if cfg.test_after_fit and not trainer.fast_dev_run and not pruned:
         results = trainer.test(
             module, datamodule=datamodule, ckpt_path=best_path or None, verbose=False
         )
@@ -372,14 +348,14 @@ def _run(cfg: DictConfig, run_dir: Path) -> float | None:
 
     if trainer.is_global_zero:
         _print_summary(cfg, val_metrics, test_metrics, best_path, trainer)
-    metric = cfg.get("optimized_metric")
+    metric = cfg.optimized_metric
     if metric and metric in val_metrics:
         return val_metrics[metric]
     return None
 
 
 def _print_summary(
-    cfg: DictConfig,
+    cfg: TrainSchema,
     val: dict[str, float],
     test: dict[str, float],
     best_path: str,
