@@ -50,7 +50,7 @@ class FaultInjection(pl.Callback):
     ) -> None:
         if fault not in FAULTS:
             raise ValueError(
-                f"callbacks.fault.fault must be SIGINT, SIGTERM, SIGKILL or fill_disk, got {fault!r}"
+                f"callbacks.fault.fault must be one of {', '.join(FAULTS)}, got {fault!r}"
             )
         if phase not in PHASES:
             raise ValueError(

@@ -1,4 +1,4 @@
-"""The error surface of the commands (transformer_mt.errors): exit codes, one line, bugs unchanged."""
+"""The error surface of the commands (transformer_mt.errors): exit codes, one line, bugs as is."""
 
 from __future__ import annotations
 

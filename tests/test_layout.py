@@ -220,11 +220,16 @@ def test_the_shape_check_bites(tmp_path: Path) -> None:
     ]
 
 
-def test_readme_layout_names_every_module() -> None:
-    """The file map in README "Layout" stays true: a new module gets its line there."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "## Layout" in readme, "README.md has no '## Layout' section"
-    layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+def test_the_layout_names_every_module_and_the_readme_every_wing() -> None:
+    """docs/layout.md's file map stays true (a new module gets its line there), and README
+    "Layout" names every wing."""
+    layout = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
     missing = [name for name in _modules() if Path(name).name != "__init__.py"]
     missing = [name for name in missing if Path(name).name not in layout]
-    assert not missing, f"modules not in README 'Layout'; add a line for each: {missing}"
+    assert not missing, f"modules not in docs/layout.md; add a line for each: {missing}"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "## Layout" in readme, "README.md has no '## Layout' section"
+    section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    wings = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+    assert [w for w in wings if f"{w}/" not in section] == [], wings
+    assert len(readme.splitlines()) <= 250, "README.md is the front door: 250 lines at most"

@@ -5,8 +5,8 @@ Three ways to train on the *same* batches, measured side by side in one process:
 bare            our ``Transformer``: forward, the project's label-smoothed loss, backward,
                 gradient clipping (1.0), fused AdamW step. Pre-collated batches, no Lightning.
 real            ``lightning.pytorch.Trainer`` through ``TranslationModule``, built by
-                ``training.run.prepare_and_build`` from the preset (callbacks, loggers, progress bar and
-                ``log_every_n_steps`` as configured), reading batches through the real data
+                ``training.run.prepare_and_build`` from the preset (callbacks, loggers, progress
+                bar and ``log_every_n_steps`` as configured), reading batches through the real data
                 module (collate included); validation off.
 nn.Transformer  ``torch.nn.Transformer`` of the same size in the bare step (fp32 only), with
                 our embeddings and tied generator (:class:`bench.common.TorchTransformerMT`).

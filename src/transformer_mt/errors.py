@@ -360,8 +360,9 @@ def refuse_unknown_keys(node: Any, where: str = "") -> None:
     for key in node:
         path = f"{where}{key}"
         if key not in known:
+            place = f"of {where[:-1]}" if where else "at the top"
             raise ValueError(
-                f"unknown setting {path!r}; the settings {'of ' + where[:-1] if where else 'at the top'} "
+                f"unknown setting {path!r}; the settings {place} "
                 f"are {', '.join(k for k in known if not k.startswith('_'))} (fix its spelling, "
                 "or drop the override)"
             )

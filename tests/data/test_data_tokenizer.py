@@ -13,10 +13,14 @@ from transformer_mt.data.tokenizer import FILENAME, META_FILENAME, TARGET_FILENA
 from conftest import FIXTURES, MULTI30K
 
 SAMPLE = [
-    ("A man in an orange hat starring at something.", "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt."),
-    ("Two young, White males are outside near many bushes.", "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche."),
-    ("A little girl climbing into a wooden playhouse.", "Ein kleines Mädchen klettert in ein Spielhaus aus Holz."),
-    ("A boy's \"big\" jump -- (50%) off the ramp!", "Ein Junge springt über die Rampe; «groß» & schön?"),
+    ("A man in an orange hat starring at something.",
+     "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt."),
+    ("Two young, White males are outside near many bushes.",
+     "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche."),
+    ("A little girl climbing into a wooden playhouse.",
+     "Ein kleines Mädchen klettert in ein Spielhaus aus Holz."),
+    ("A boy's \"big\" jump -- (50%) off the ramp!",
+     "Ein Junge springt über die Rampe; «groß» & schön?"),
 ]  # fmt: skip
 
 

@@ -31,8 +31,8 @@ from transformer_mt.model.transformer import ModelConfig, Transformer
 from conftest import FAST_TRAIN, FIXTURES
 
 #: A subprocess per case (each imports torch): tens of seconds in all, so `make test-all` runs
-#: it; tests/test_files.py, inference/test_translate.py and test_export.py hold in-process checks of the
-#: same rules for the default suite.
+#: it; tests/test_files.py, cli/test_translate.py and export/test_export.py hold in-process
+#: checks of the same rules for the default suite.
 pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent

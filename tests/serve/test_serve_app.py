@@ -331,9 +331,13 @@ def test_command_line_mistakes_are_one_error_line(
         taken.listen(1)
         port = str(taken.getsockname()[1])
         cases = {
-            "no such file": (["--ckpt", str(tmp_path / "missing.ckpt"), "--port", "0"], "does not exist"),
-            "port in use": (["--ckpt", str(tiny_ckpt), "--port", port], f"cannot listen on 127.0.0.1:{port}"),
-            "ct2 flag": (["--ckpt", str(tiny_ckpt), "--compute-type", "int8"], "--compute-type applies to --engine ctranslate2"),
+            "no such file": (
+                ["--ckpt", str(tmp_path / "missing.ckpt"), "--port", "0"], "does not exist"),
+            "port in use": (
+                ["--ckpt", str(tiny_ckpt), "--port", port], f"cannot listen on 127.0.0.1:{port}"),
+            "ct2 flag": (
+                ["--ckpt", str(tiny_ckpt), "--compute-type", "int8"],
+                "--compute-type applies to --engine ctranslate2"),
             "bad limit": (["--ckpt", str(tiny_ckpt), "--max-beam", "0"], "--max-beam must be >= 1"),
         }  # fmt: skip
         for case, (argv, words) in cases.items():

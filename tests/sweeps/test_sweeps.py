@@ -72,7 +72,8 @@ def read_summary(sweep_dir: Path) -> list[dict[str, str]]:
 
 
 def _explain(proc: subprocess.CompletedProcess) -> str:
-    return f"rc={proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}"
+    out, err = proc.stdout[-3000:], proc.stderr[-5000:]
+    return f"rc={proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}"
 
 
 # --------------------------------------------------------------------- summary logic

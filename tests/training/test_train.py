@@ -1,4 +1,4 @@
-"""Training: configs compose, a fit writes safe self-contained checkpoints, schedule, loss, resume."""
+"""Training: configs compose, a fit writes safe self-contained checkpoints; schedule, loss."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""Hydra discovers plugins in the ``hydra_plugins`` namespace: the shim of this package's sweeper."""
+"""The shim of this package's sweeper: Hydra discovers plugins in ``hydra_plugins`` only."""

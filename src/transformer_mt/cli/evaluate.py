@@ -41,3 +41,7 @@ def main() -> None:
     """The command: register the schemas, then let Hydra compose and run."""
     register_configs()
     run_entry_point(_main)
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,7 @@ and exit status 2 (docs/errors.md).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import hydra
@@ -21,6 +22,9 @@ from transformer_mt.errors import guarded, run_entry_point
 @guarded
 @spelled(search_keys("module.decoding"))
 def _main(cfg: DictConfig) -> Any:
+    # torch's import of sympy loads matplotlib, whose first start on a machine logs the font
+    # cache it built: a line about nothing this run does.
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     # Imported when the command runs, so that --help and config errors answer at once.
     from transformer_mt.training.run import run
 
@@ -31,3 +35,7 @@ def main() -> None:
     """The command: register the schemas, then let Hydra compose and run."""
     register_configs()
     run_entry_point(_main)
+
+
+if __name__ == "__main__":
+    main()

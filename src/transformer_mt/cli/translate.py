@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
             "in order (empty lines stay empty). Decoding options default to those stored in "
             "the checkpoint."
         ),
-        epilog="example: transformer-mt-translate --ckpt run/checkpoints/last.ckpt < in.en > out.de",
+        epilog="example: transformer-mt-translate --ckpt run/last.ckpt < in.en > out.de",
     )
     add_model_arguments(parser)
     parser.add_argument(

@@ -19,10 +19,11 @@ in training and behind evaluate.py.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,8 +200,24 @@ def _load_corpus(config: DataConfig, cache_dir: Path | None) -> datasets.Dataset
         log.info("Loading the generated corpus from %s", path)
         return datasets.load_from_disk(str(path))
     corpus = load_corpus(config)
-    corpus.save_to_disk(str(path))
+    with _no_progress_bars():  # a copy of what was just generated: nothing to watch
+        corpus.save_to_disk(str(path))
+    log.info("Kept the generated corpus in %s", path)
     return datasets.load_from_disk(str(path))  # memory-mapped, same as a later run
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """``datasets``' progress bars off inside the block, as they were after it."""
+    from datasets.utils import logging as datasets_logging
+
+    was_on = datasets_logging.is_progress_bar_enabled()
+    datasets_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            datasets_logging.enable_progress_bar()
 
 
 def _load_or_train_tokenizer(

@@ -135,11 +135,11 @@ def generation_config(config: ModelConfig, decoding: dict[str, Any] | None) -> A
 
     Beam size and the "stop at K finished hypotheses" rule carry over exactly; ``<pad>`` and
     ``<bos>`` are never generated (as in our search), and ``<eos>`` is forced at the length cap.
-    Two conventions differ and cannot be expressed: our length penalty is GNMT's
-    ``((5 + |Y|) / 6) ** alpha`` where ``generate`` divides by ``|Y| ** length_penalty`` (the
-    same value of alpha is written; with alpha = 0 both rank by log-probability), and our
-    length cap is per sentence (``max_len_a * source length + max_len_b``) where ``generate``
-    has one cap (``max_length``, here the model's positional limit).
+    ``generate`` divides beam scores by ``|Y| ** length_penalty``: our ``length_norm=power``
+    exactly; a checkpoint decoding with ``gnmt`` (``((5 + |Y|) / 6) ** alpha``) gets the same
+    alpha under the power rule, which ranks alike at alpha 0 only. One convention cannot be
+    expressed: our length cap is per sentence (``max_len_a * source length + max_len_b``)
+    where ``generate`` has one cap (``max_length``, here the model's positional limit).
     """
     transformers = require_export_extra("transformers")
     search = SearchConfig.from_stored(decoding)

@@ -89,6 +89,29 @@ def scaled_dot_product_attention(
     return attn @ v, weights  # (B, H, T_q, d_v), (B, H, T_q, T_k)
 
 
+def _fused_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, is_causal: bool, cross: bool, p: float
+) -> Tensor:
+    """``F.scaled_dot_product_attention`` under the explicit path's contract: ``(B, H, T, d_v)``,
+    zeros (never NaN) for a query whose keys are all masked."""
+    if is_causal and mask is None and not cross and k.size(2) == q.size(2):
+        # The fused kernel builds the causal structure itself (no mask tensor to read).
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+    mask = _combine_masks(mask, q, k, is_causal=is_causal, cross=cross)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+    if mask is None:
+        return out
+    # SDPA may return NaN for a query whose keys are all masked. On CPU the check is cheap and
+    # skips the extra pass over the output when no such row exists (almost always); on an
+    # accelerator it would be a host sync, and under torch.compile a graph break, so those
+    # always mask.
+    attends = mask.any(dim=-1, keepdim=True)  # (B or 1, H or 1, T, 1)
+    cheap_check = q.device.type == "cpu" and not torch.compiler.is_compiling()
+    if not cheap_check or not bool(attends.all()):
+        out = out.masked_fill(~attends, 0.0)  # (B, H, T, d_v)
+    return out
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with head_i = Attention(Q W_i^Q, ...).
 
@@ -145,37 +168,29 @@ class MultiHeadAttention(nn.Module):
         To also get the attention weights, wrap the call in :func:`record_attention_weights`.
         """
         q, k, v = self._qkv(x, memory, cache)  # (B, H, T, d_k), (B, H, T_k, d_k / d_v)
-        T, T_k = q.size(2), k.size(2)
         dropout_p = self.dropout if self.training else 0.0
-        # With attention dropout on CPU, SDPA runs its unfused math kernel anyway; the explicit
-        # path is the same math with a cheaper dropout mask (transformer_mt.model.dropout). A
-        # single query (cached decoding) on CPU is two small matmuls: the flash kernel's
-        # blocking costs more than it saves (forward 0.92 vs 0.60 ms for 320 rows x 32 keys,
-        # 2 threads).
-        on_cpu = q.device.type == "cpu"
-        explicit = not self.fused or (on_cpu and (dropout_p > 0.0 or T == 1))
-        if is_causal and mask is None and memory is None and T_k == T and not explicit:
-            # The fused kernel builds the causal structure itself (no mask tensor to read).
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        cross = memory is not None
+        if self._paper_math(q, dropout_p):
+            mask = _combine_masks(mask, q, k, is_causal=is_causal, cross=cross)
+            out, _ = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # (B, H, T, d_v)
         else:
-            mask = _combine_masks(mask, q, k, is_causal=is_causal, cross=memory is not None)
-            if explicit:
-                out, _ = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # (B, H, T, d_v)
-            else:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-                if mask is not None:
-                    # SDPA may return NaN for a query whose keys are all masked; the explicit
-                    # path returns zeros. Keep the explicit path's contract. On CPU the check
-                    # is cheap and skips the extra pass over the output when no such row
-                    # exists (almost always); on an accelerator it would be a host sync, and
-                    # under torch.compile a graph break, so those always mask.
-                    attends = mask.any(dim=-1, keepdim=True)  # (B or 1, H or 1, T, 1)
-                    cheap_check = on_cpu and not torch.compiler.is_compiling()
-                    if not cheap_check or not bool(attends.all()):
-                        out = out.masked_fill(~attends, 0.0)  # (B, H, T, d_v)
+            out = _fused_attention(q, k, v, mask, is_causal=is_causal, cross=cross, p=dropout_p)
+        T = q.size(2)
         B = out.size(0)
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.d_v)  # (B, T, H * d_v)
         return self.out_proj(out)  # (B, T, d_model)
+
+    def _paper_math(self, q: Tensor, dropout_p: float) -> bool:
+        """True where the explicit math of equation (1) runs, False for the fused kernel.
+
+        The explicit path runs when ``fused`` is off, and on CPU also where it is the faster
+        of the two: with attention dropout (SDPA runs its unfused math kernel then anyway,
+        with a costlier dropout mask than :mod:`transformer_mt.model.dropout`'s), and for a
+        single query (a cached decoding step: two small matmuls, where the fused kernel's
+        blocking costs more than it saves; docs/benchmarks.md).
+        """
+        on_cpu = q.device.type == "cpu"
+        return not self.fused or (on_cpu and (dropout_p > 0.0 or q.size(2) == 1))
 
     def compute_weights(
         self,

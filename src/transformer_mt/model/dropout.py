@@ -1,7 +1,7 @@
 """Dropout with a cheaper mask on CPU, and dropout fused into the residual addition.
 
 ``torch.nn.Dropout`` on CPU draws its mask with ``bernoulli_``; in a profile of a training step of
-the small Multi30k model that draw was the largest cost after the matmuls (12% of the step).
+the small Multi30k model that draw was the largest cost after the matmuls (docs/design.md).
 Drawing uniform numbers and comparing them with ``p`` gives the same distribution (keep with
 probability ``1 - p``, scale kept values by ``1 / (1 - p)``) for less work, and the scaled mask
 lets the residual connection ``x + Dropout(y)`` run as a single ``addcmul``. On other devices

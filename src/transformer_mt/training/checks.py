@@ -1,9 +1,10 @@
 """Start-up checks of a training run: what can be found before any data is read or step trained.
 
 Each raises a user error (one ``error:`` line, exit 2, docs/errors.md) naming the value, the
-cause and the fix: ``data.max_len`` beyond the positional table, a checkpoint to resume from that is unreadable, foreign, of another model shape or
-tokenizer, and a disk without room for the checkpoints the run keeps. The run directory's own
-checks (writable, locked) are in :mod:`transformer_mt.training.rundir`.
+cause and the fix: ``data.max_len`` beyond the positional table, a checkpoint to resume from
+that is unreadable, foreign, of another model shape or tokenizer, and a disk without room for
+the checkpoints the run keeps. The run directory's own checks (writable, locked) are in
+:mod:`transformer_mt.training.rundir`.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def check_resume_matches(
     )
     if sizes[0] != sizes[1] or _vocabularies(theirs) != _vocabularies(ours):
         how = (
-            f"vocabulary {sizes[0][0]}/{sizes[0][1]} (src/tgt) vs this run's {sizes[1][0]}/{sizes[1][1]}"
+            f"vocabulary {sizes[0][0]}/{sizes[0][1]} (src/tgt) vs this run's "
+            f"{sizes[1][0]}/{sizes[1][1]}"
             if sizes[0] != sizes[1]
             else f"the same size ({sizes[1][0]}) but different subwords"
         )

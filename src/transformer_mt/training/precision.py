@@ -34,8 +34,8 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 #: bf16 must beat fp32 by this factor (median of the paired rounds) to be chosen, and win
-#: every round: on a busy machine a single short timing swings by 2x either way (a 2-core AMD
-#: EPYC with avx512_bf16, where bf16-mixed is 1.00x fp32, measured 1.76x once under load; docs/benchmarks.md), and
+#: every round: on a busy machine a single short timing swings widely either way (a machine
+#: where the two run alike has measured bf16 far ahead under load; docs/benchmarks.md), and
 #: the same command must not train in a different precision because another job was running.
 MIN_SPEEDUP = 1.25
 

@@ -181,7 +181,7 @@ class TrialPruning(pl.Callback):
             )
 
 
-# ---------------------------------------------------------------------- the study's storage and pruner
+# ------------------------------------------------------------ the study's storage and pruner
 
 
 #: Optuna's journal storage records no heartbeats, so no worker can tell a dead one's trial.

@@ -54,7 +54,8 @@ def model_config_from(model: Any, src_vocab: int, tgt_vocab: int, pad_id: int) -
 
 
 #: Lightning lines that say nothing about this run: its advertisements ("Tip: ... try
-#: installing litlogger") and the note that our RichModelSummary replaces its default one.
+#: installing litlogger") and the note that our model summary (training/summary.py) replaces
+#: its default one.
 _CHATTER = ("💡 Tip:", "Trainer already configured with model summary callbacks")
 
 

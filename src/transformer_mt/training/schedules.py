@@ -57,7 +57,8 @@ def lr_factor(
         total_steps: the step budget (``max_steps``, or ``max_epochs`` x steps per epoch), or
             ``None``; zero is reached one step after the last, so the last step still learns.
         time_progress: the fraction of a wall-clock budget (``trainer.max_time``) used since
-            the warmup ended, or ``None`` (see :class:`transformer_mt.training.budget.TrainingBudget`).
+            the warmup ended, or ``None`` (see
+            :class:`transformer_mt.training.budget.TrainingBudget`).
             With both budgets the decay follows whichever runs out first.
         warmup_progress: the fraction of the warmup done, from a wall-clock budget that may
             end the warmup before ``warmup_steps`` (:meth:`TrainingBudget.warmup_progress`);
