@@ -50,7 +50,8 @@ class FaultInjection(pl.Callback):
     ) -> None:
         if fault not in FAULTS:
             raise ValueError(
-                f"callbacks.fault.fault must be one of {', '.join(FAULTS)}, got {fault!r}"
+                "callbacks.fault.fault must be SIGINT, SIGTERM, SIGKILL or fill_disk, "
+                f"got {fault!r}"
             )
         if phase not in PHASES:
             raise ValueError(

@@ -15,10 +15,14 @@ nothing of the project, so every wing may use it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
+
+log = logging.getLogger(__name__)
 
 #: Suffix of the temporary file written before the rename (``.<name>.<pid>.tmp``).
 TMP_SUFFIX = ".tmp"
@@ -170,6 +174,24 @@ def read_lines(
             f"{what} {file} cannot be read (permission denied); fix its permissions"
         ) from None
     return lines, replaced
+
+
+def read_text_lines(name: str, what: str, *, errors: str = "strict", fix: str = "") -> list[str]:
+    """The lines of a text file, or of stdin for ``-``, read as every input is
+    (:func:`decode_lines`); replaced lines are counted in one warning.
+
+    ``fix``: how the calling command spells ``errors=replace``, for the strict error.
+    """
+    replaced: list[int] = []
+    if name == "-":
+        lines = list(
+            decode_lines(sys.stdin.buffer, "stdin", errors=errors, replaced=replaced, fix=fix)
+        )
+    else:
+        lines, replaced = read_lines(name, what, errors=errors, fix=fix)
+    if warning := replaced_lines_warning(name, replaced):
+        log.warning(warning)
+    return lines
 
 
 # ----------------------------------------------------------------------------- outputs

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from transformer_mt.data.config import DataConfig, stored_overrides
-from transformer_mt.inference.evaluate import resolve_data_config
+from transformer_mt.inference.eval_data import resolve_data_config
 from transformer_mt.inference.settings import data_overrides
 
 from conftest import CONFIGS
@@ -111,11 +111,11 @@ def test_a_checkpoint_stores_data_dir_absolute_and_as_typed(tmp_path, monkeypatc
 
 
 def test_a_relative_dir_of_an_older_run_resolves_against_where_it_started(tmp_path) -> None:
-    from transformer_mt.inference.evaluate import _absolute_data_dir
+    from transformer_mt.inference.eval_data import absolute_data_dir
 
     hydra_file = tmp_path / ".hydra" / "hydra.yaml"
     hydra_file.parent.mkdir()
     hydra_file.write_text("hydra:\n  runtime:\n    cwd: /home/me/project\n")
     data = {"source": "files", "dir": "../shared/data/multi30k"}
-    assert _absolute_data_dir(data, hydra_file)["dir"] == "/home/me/project/../shared/data/multi30k"
-    assert _absolute_data_dir({"dir": "/abs"}, hydra_file) == {"dir": "/abs"}
+    assert absolute_data_dir(data, hydra_file)["dir"] == "/home/me/project/../shared/data/multi30k"
+    assert absolute_data_dir({"dir": "/abs"}, hydra_file) == {"dir": "/abs"}

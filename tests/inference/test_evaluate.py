@@ -18,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from transformer_mt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from transformer_mt.inference.evaluate import DataMismatchError
+from transformer_mt.inference.eval_data import DataMismatchError
 
 from conftest import DATA_OVERRIDES, ROOT, best_checkpoint, evaluate, trainer_test_metrics
 

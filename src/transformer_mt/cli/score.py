@@ -27,7 +27,7 @@ from transformer_mt.cli.options import (
     open_translator,
     user_error,
 )
-from transformer_mt.files import decode_lines, read_lines, replaced_lines_warning, write_text_atomic
+from transformer_mt.files import read_text_lines, write_text_atomic
 from transformer_mt.inference.score import format_score, score_pairs
 
 log = logging.getLogger(__name__)
@@ -62,29 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_lines(name: str, errors: str) -> list[str]:
-    """The lines of a text file (``-`` = stdin), read as every input is (``decode_lines``)."""
-    replaced: list[int] = []
-    if name == "-":
-        lines = list(
-            decode_lines(
-                sys.stdin.buffer, "stdin", errors=errors, replaced=replaced, fix=ERRORS_FIX
-            )
-        )
-    else:
-        lines, replaced = read_lines(name, "input", errors=errors, fix=ERRORS_FIX)
-    if warning := replaced_lines_warning(name, replaced):
-        log.warning(warning)
-    return lines
-
-
 def read_pairs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """(sources, targets) from ``--source``/``--target`` or ``-i`` TSV."""
     if args.input is not None:
         if args.source or args.target:
             raise ValueError("give either -i PAIRS.tsv or --source S --target T, not both")
         sources, targets = [], []
-        for n, line in enumerate(_read_lines(args.input, args.errors), start=1):
+        for n, line in enumerate(
+            read_text_lines(args.input, "input", errors=args.errors, fix=ERRORS_FIX), start=1
+        ):
             if "\t" not in line:
                 raise ValueError(
                     f"{args.input} line {n} has no tab; each line must be source<TAB>target"
@@ -95,8 +81,8 @@ def read_pairs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         return sources, targets
     if not (args.source and args.target):
         raise ValueError("give --source S --target T (line-aligned files) or -i PAIRS.tsv")
-    sources = _read_lines(args.source, args.errors)
-    targets = _read_lines(args.target, args.errors)
+    sources = read_text_lines(args.source, "input", errors=args.errors, fix=ERRORS_FIX)
+    targets = read_text_lines(args.target, "input", errors=args.errors, fix=ERRORS_FIX)
     if len(sources) != len(targets):
         raise ValueError(
             f"--source {args.source} has {len(sources)} lines but --target {args.target} has "
