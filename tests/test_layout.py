@@ -53,6 +53,9 @@ def test_import_contracts_hold() -> None:
     [
         ("model", "import lightning", "The model is plain PyTorch"),
         ("inference", "import transformer_mt.training.module", "Wings depend downwards"),
+        ("training", "import transformer_mt.sweeps.study", "Wings depend downwards"),
+        ("inference", "import transformer_mt.export.convert", "Wings depend downwards"),
+        ("export", "import lightning", "Inference, export and the service run without Lightning"),
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(

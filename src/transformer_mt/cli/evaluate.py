@@ -19,7 +19,13 @@ from transformer_mt.errors import guarded, run_entry_point
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="evaluate")
 @guarded
-@spelled(search_keys("decoding"))
+@spelled(
+    {
+        **search_keys("decoding"),
+        "max_tokens": "batch.max_tokens",
+        "max_sentences": "batch.sentences",
+    }
+)
 def _main(cfg: DictConfig) -> Any:
     return evaluate(cfg)
 

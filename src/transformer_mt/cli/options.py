@@ -22,7 +22,7 @@ from transformer_mt.inference.translator import Translator
 ERRORS_FIX = "--errors replace"
 
 #: A setting's name in the library -> its flag here, where the two differ beyond ``_``/``-``.
-FLAG_NAMES = {"engine": "--engine"}
+FLAG_NAMES = {"max_sentences": "--batch-size"}
 
 
 def flag(setting: str, value: Any) -> str:

@@ -22,6 +22,7 @@ import torch
 from transformer_mt.checkpoint import LoadedModel
 from transformer_mt.data.batching import decode_sampler
 from transformer_mt.data.collate import Collate, source_limit
+from transformer_mt.errors import SettingError
 from transformer_mt.inference.decode import Engine, best_tokens, decode, progress_bar, score
 from transformer_mt.inference.engine import TorchEngine
 from transformer_mt.inference.search import Hypothesis, SearchConfig
@@ -119,10 +120,9 @@ class Translator:
         *,
         engine: Engine | None = None,
     ) -> None:
-        if max_tokens is not None and max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        if max_sentences is not None and max_sentences < 1:
-            raise ValueError(f"batch size in sentences must be >= 1, got {max_sentences}")
+        for name, value in (("max_tokens", max_tokens), ("max_sentences", max_sentences)):
+            if value is not None and value < 1:
+                raise SettingError(f"{name} must be >= 1, got {value}", [(name, 1)], tail="or more")
         models = [loaded] if isinstance(loaded, LoadedModel) else list(loaded)
         self.loaded, self.tokenizer = models[0], models[0].tokenizer
         self.engine = engine if engine is not None else TorchEngine.from_loaded(models)
