@@ -117,12 +117,12 @@ parts = []
 for beam in (1, 5):
     search = SearchConfig(beam_size=beam, max_len_a=0.0, max_len_b=length)
     with torch.inference_mode():
-        generate(model, src, 1, 2, search)  # warm-up
+        generate(model, src, bos_id=1, eos_id=2, search=search)  # warm-up
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
         for _ in range(3):
-            generate(model, src, 1, 2, search)
+            generate(model, src, bos_id=1, eos_id=2, search=search)
         if device.type == "cuda":
             torch.cuda.synchronize()
     parts.append(f"beam {beam}: {3 * batch / (time.perf_counter() - start):,.0f} sent/s")

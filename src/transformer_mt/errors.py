@@ -314,6 +314,10 @@ def run_entry_point(main: Callable[[], Any]) -> None:
         if exc.code == 1 and not _State.task_started:
             sys.exit(EXIT_USER_ERROR)
         raise
+    except JobFailed as exc:  # raised through Hydra, which HYDRA_FULL_ERROR makes re-raise
+        sys.stdout.flush()
+        print(str(exc), file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
     except Exception as exc:
         code = exit_code_for(exc)
         if code is None or _State.task_started:

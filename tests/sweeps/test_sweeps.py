@@ -31,7 +31,7 @@ from transformer_mt.sweeps.summary import (
     write_summary,
 )
 
-from conftest import ROOT
+from conftest import ROOT, TESTS
 
 # One epoch of 300 pairs with a 32-wide 1+1-layer model; no test pass, no checkpoint callback.
 TINY = [
@@ -351,6 +351,8 @@ def test_a_two_stage_study_in_a_journal_file_confirms_its_best_trial_once(tmp_pa
 def start_worker(sweep_dir: Path, *overrides: str) -> subprocess.Popen:
     """One more worker of the study in ``sweep_dir`` (the same command as the others)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline", HYDRA_FULL_ERROR="1")
+    # The test-only fault callback (tests/faults.py) is importable by its module name.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     command = [sys.executable, "train.py", "-m", *TINY, *OPTUNA, *overrides]
     command.append(f"hydra.sweep.dir={sweep_dir}")
     return subprocess.Popen(

@@ -23,6 +23,9 @@ import torch
 
 from conftest import ROOT, TESTS
 
+#: This folder: the subprocess imports test_ddp.BatchRecorder from it.
+HERE = Path(__file__).resolve().parent
+
 DATA = [
     "data.sizes.train=300",
     "data.sizes.validation=20",
@@ -72,7 +75,9 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         OMP_NUM_THREADS="1",
         WANDB_MODE="offline",
         HYDRA_FULL_ERROR="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
+        PYTHONPATH=os.pathsep.join(
+            filter(None, [str(HERE), str(TESTS), os.environ.get("PYTHONPATH")])
+        ),
     )
     command = [
         sys.executable,
