@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -146,6 +147,18 @@ def short_run(run_dir: Path, corpus: Path, *extra: str) -> Path:
 
     run(compose_train(run_dir, [*FILES_TRAIN, f"data.dir={corpus}", "trainer.max_steps=2", *extra]))
     return run_dir / "checkpoints" / "last.ckpt"
+
+
+def package_source(source: Path) -> Path:
+    """A copy of what a package build reads (setuptools writes build/ and *.egg-info/ into
+    the tree it builds, so tests build from a copy)."""
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    skip = shutil.ignore_patterns("*.egg-info", "__pycache__")
+    for name in ("src", "configs"):  # src/transformer_mt/configs stays a link to configs/
+        shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=skip)
+    return source
 
 
 def train_py(

@@ -4,27 +4,19 @@ and ``transformer-mt-train`` trains from an empty directory (issue 15, item 5)."
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import package_source
 
 
 @pytest.mark.slow
 def test_pip_install_then_train_from_a_temp_dir(tmp_path: Path) -> None:
     target = tmp_path / "site"
-    # Build from a copy: setuptools writes build/ and *.egg-info/ into the tree it builds.
-    source = tmp_path / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, source / name)
-    skip = shutil.ignore_patterns("*.egg-info", "__pycache__")
-    for name in ("src", "configs"):  # src/transformer_mt/configs stays a link to configs/
-        shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=skip)
+    source = package_source(tmp_path / "source")
     # --no-deps: the dependencies are this interpreter's; the package itself is a real copy.
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",

@@ -4,24 +4,17 @@ and its commands run from an empty directory (no checkout on the path)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, package_source
 
 
 def build_wheel(tmp_path: Path) -> tuple[Path, str]:
     """A wheel built from a copy of the tree (setuptools writes build/ into what it builds)."""
-    source = tmp_path / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, source / name)
-    skip = shutil.ignore_patterns("*.egg-info", "__pycache__")
-    for name in ("src", "configs"):  # src/transformer_mt/configs stays a link to configs/
-        shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=skip)
+    source = package_source(tmp_path / "source")
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
          "-w", str(tmp_path / "dist"), str(source)],
