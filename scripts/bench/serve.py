@@ -81,7 +81,8 @@ def offline_engine(args: argparse.Namespace) -> Any:
 
     model = ServedModel.open(
         args.ckpt, engine=args.engine, ct2_model=args.ct2_model,
-        compute_type=args.compute_type, threads=args.threads, convert=converter(args),
+        compute_type=args.compute_type, threads=args.threads,
+        convert=converter(args.engine, args.ct2_model),
     )  # fmt: skip
     search = model.search(beam_size=args.beam_size)
     return lambda lines: model.translate(lines, search)

@@ -38,6 +38,11 @@ def test_the_wheel_builds_without_warnings_and_holds_the_configs(tmp_path: Path)
     empty = tmp_path / "empty"
     empty.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site)}
+    # The wheel's copy is what runs, not the checkout an editable install points at.
+    assert str(site) in subprocess.run(
+        [sys.executable, "-c", "import transformer_mt; print(transformer_mt.__file__)"],
+        cwd=empty, env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
     composed = subprocess.run(
         [sys.executable, "-m", "transformer_mt.cli.train", "--cfg", "job", "--resolve",
          "run_dir=out"],
@@ -51,7 +56,3 @@ def test_the_wheel_builds_without_warnings_and_holds_the_configs(tmp_path: Path)
             cwd=empty, env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert shown.returncode == 0, (command, shown.stderr[-2000:])
-        assert str(site) in subprocess.run(
-            [sys.executable, "-c", "import transformer_mt; print(transformer_mt.__file__)"],
-            cwd=empty, env=env, capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip

@@ -33,14 +33,12 @@ def _main(cfg: DictConfig) -> Any:
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Evaluate as the composed ``cfg`` says: typed once, then the pipeline (also for tests
     and scripts that compose the config themselves)."""
+    from transformer_mt.cli.options import converter
     from transformer_mt.inference.evaluate import run
     from transformer_mt.inference.settings import eval_settings
 
     settings = eval_settings(cfg)
-    convert = None
-    if settings.engine == "ctranslate2" and not settings.engine_model:
-        from transformer_mt.export.convert import convert_for_engine as convert
-    return run(settings, convert=convert)
+    return run(settings, convert=converter(settings.engine, settings.engine_model))
 
 
 def main() -> None:

@@ -9,10 +9,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
 from typing import Any
 
-from transformer_mt.checkpoint import LoadedModel, load_model, resolve_device
+from transformer_mt.checkpoint import load_model, resolve_device
 from transformer_mt.errors import EXIT_USER_ERROR, SettingError, one_line
 from transformer_mt.files import TEXT_ERRORS
 from transformer_mt.inference.engine import ENGINES, Converter, open_engine
@@ -98,29 +97,15 @@ def check_engine_flags(args: argparse.Namespace) -> None:
             raise ValueError(f"{name} applies to --engine ctranslate2 only; add it")
 
 
-def converter(args: argparse.Namespace) -> Converter | None:
-    """The export wing's CTranslate2 converter when ``--engine ctranslate2`` comes without
-    ``--ct2-model`` (imported only then: it needs the export extra)."""
-    if args.engine != "ctranslate2" or args.ct2_model:
+def converter(engine: str | None, ct2_model: str | None) -> Converter | None:
+    """The export wing's CTranslate2 converter when the ``ctranslate2`` engine comes without a
+    converted model directory, else ``None`` (imported only then: it needs the export extra).
+    Every command that opens an engine asks here, the Hydra ones included."""
+    if engine != "ctranslate2" or ct2_model:
         return None
     from transformer_mt.export.convert import convert_for_engine
 
     return convert_for_engine
-
-
-def open_engine_for(
-    args: argparse.Namespace, loaded: Sequence[LoadedModel], *, threads: int | None = None
-) -> Any:
-    """The engine ``--engine`` names for the loaded checkpoints (converted on the fly for
-    CTranslate2 without ``--ct2-model``)."""
-    return open_engine(
-        args.engine,
-        loaded,
-        ct2_model=args.ct2_model,
-        compute_type=args.compute_type,
-        threads=threads,
-        convert=converter(args),
-    )
 
 
 def open_translator(args: argparse.Namespace) -> Translator:
@@ -133,7 +118,13 @@ def open_translator(args: argparse.Namespace) -> Translator:
     check_engine_flags(args)
     device = resolve_device(args.device)
     loaded = [load_model(path, device) for path in args.ckpt]
-    engine = open_engine_for(args, loaded)
+    engine = open_engine(
+        args.engine,
+        loaded,
+        ct2_model=args.ct2_model,
+        compute_type=args.compute_type,
+        convert=converter(args.engine, args.ct2_model),
+    )
     return Translator(
         loaded, max_tokens=args.max_tokens, max_sentences=args.batch_size, engine=engine
     )

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 
-# As in train.py: OpenMP reads its wait policy when torch loads, so it is set before anything
-# imports torch. PASSIVE threads sleep between parallel regions instead of spinning, which on a
-# busy CPU leaves the core to the descheduled sibling; the environment's value wins.
+# As in cli/hydra_app.py: OpenMP reads its wait policy when torch loads, so it is set before
+# anything imports torch. PASSIVE threads sleep between parallel regions instead of spinning,
+# which on a busy CPU leaves the core to the descheduled sibling; the environment's value wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
@@ -124,7 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             model = ServedModel.open(
                 args.ckpt, engine=args.engine, ct2_model=args.ct2_model,
-                compute_type=args.compute_type, threads=args.threads, convert=converter(args),
+                compute_type=args.compute_type, threads=args.threads,
+                convert=converter(args.engine, args.ct2_model),
             )  # fmt: skip
         except (ValueError, OSError) as err:
             return user_error(err)

@@ -2,10 +2,8 @@
 
 ``python evaluate.py ckpt_path=PATH`` scores a checkpoint on the test split of the data it was
 trained on, with the tokenizer and model config stored in the checkpoint; overrides pick
-another split, other files or other decoding options (see ``configs/evaluate.yaml``). The
-data config (:class:`~transformer_mt.data.config.DataConfig`) comes from, in order: the
-checkpoint (``transformer_mt.data``), the training run's ``.hydra/config.yaml`` next to the
-checkpoint's folder, or the overrides alone; non-null ``data.*`` overrides always win.
+another split, other files or other decoding options (see ``configs/evaluate.yaml``); which
+data config a split comes from is :mod:`transformer_mt.inference.eval_data`'s job.
 
 No Lightning: the split is built by :func:`transformer_mt.data.prepare.prepare` and batched by
 :func:`~transformer_mt.data.prepare.decode_loader`, the loader of validation and test in

@@ -2,9 +2,10 @@
 
 :class:`EvalSchema` types every key of ``configs/evaluate.yaml``; ``register_eval_schema`` puts
 it into Hydra's ConfigStore as the first entry of that file's defaults, so a value of the wrong
-type or an unknown key (``+data.vocab_sise=100``) fails when the config is composed, before any
-checkpoint is read. :func:`eval_settings` turns the composed config into the dataclasses once;
-the pipeline (:mod:`transformer_mt.inference.evaluate`) reads their attributes.
+type or an unknown key fails when the config is composed. :func:`eval_settings` turns the
+composed config into the dataclasses once, first refusing a key that Hydra's ``+key=value``
+forced in (``+data.vocab_sise=100``), before any checkpoint is read; the pipeline
+(:mod:`transformer_mt.inference.evaluate`) reads their attributes.
 """
 
 from __future__ import annotations
@@ -19,24 +20,13 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from transformer_mt.checkpoint import CheckpointError
 from transformer_mt.data.config import DataConfig
 from transformer_mt.errors import refuse_unknown_keys
+from transformer_mt.inference.search import SearchConfig
 
 NO_CHECKPOINT = (
     "no checkpoint given; run `python evaluate.py ckpt_path=PATH`, e.g. "
     "ckpt_path=outputs/<task>/runs/<time>/checkpoints/last.ckpt (an ensemble: "
     "ckpt_path=[A.ckpt,B.ckpt])"
 )
-
-
-@dataclass
-class DecodingOverrides:
-    """``decoding.*``: ``None`` keeps what the checkpoint (or ``decoding_from``) says."""
-
-    beam_size: int | None = None
-    length_penalty: float | None = None
-    length_norm: str | None = None
-    max_len_a: float | None = None
-    max_len_b: int | None = None
-    nbest: int | None = None
 
 
 @dataclass
@@ -48,22 +38,34 @@ class BatchSettings:
     sentences: int | None = None
 
 
-def _data_overrides_schema() -> type:
-    """``data.*`` of an evaluation: every :class:`DataConfig` field, optional (``None`` = as
-    the checkpoint stores it), plus the ``_target_`` a data group names. Derived, so that no
-    field is written twice."""
-    hints = typing.get_type_hints(DataConfig)
-    specs: list[tuple[str, Any, Any]] = [("_target_", Optional[str], field(default=None))]  # noqa: UP045
-    for f in dataclasses.fields(DataConfig):
+def _overrides_schema(
+    name: str, of: type, *, leave_out: tuple[str, ...] = (), first: tuple[str, ...] = ()
+) -> type:
+    """Every field of the dataclass ``of`` (but ``leave_out``), optional with ``None`` = "as
+    the checkpoint stores it", after the optional strings ``first``. Derived, so that no field
+    is written twice."""
+    hints = typing.get_type_hints(of)
+    specs: list[tuple[str, Any, Any]] = [
+        (key, Optional[str], field(default=None))  # noqa: UP045
+        for key in first
+    ]
+    for f in dataclasses.fields(of):
+        if f.name in leave_out:
+            continue
         hint = hints[f.name]
         if typing.get_origin(hint) is dict:  # data.prefixes.test=... keeps the other entries
             key, value = typing.get_args(hint)
             hint = dict[key, Optional[value]]  # type: ignore[valid-type]  # noqa: UP045
         specs.append((f.name, Optional[hint], field(default=None)))  # noqa: UP045
-    return dataclasses.make_dataclass("DataOverrides", specs)
+    return dataclasses.make_dataclass(name, specs)
 
 
-DataOverrides = _data_overrides_schema()
+#: ``decoding.*``: ``None`` keeps what the checkpoint (or ``decoding_from``) says. How a
+#: search runs (``use_cache``) is not an evaluation setting.
+DecodingOverrides = _overrides_schema("DecodingOverrides", SearchConfig, leave_out=("use_cache",))
+
+#: ``data.*``: every data setting, plus the ``_target_`` a data group (``data=numbers``) names.
+DataOverrides = _overrides_schema("DataOverrides", DataConfig, first=("_target_",))
 
 
 @dataclass
