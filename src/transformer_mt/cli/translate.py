@@ -37,9 +37,12 @@ from transformer_mt.files import (
     decode_lines,
     replaced_lines_warning,
 )
+from transformer_mt.inference.alignment import pharaoh
 from transformer_mt.inference.search import LENGTH_NORMS, SearchConfig
+from transformer_mt.inference.steer_files import read_steering
 from transformer_mt.inference.translator import (
     BEST_DECODING,
+    Candidate,
     Translation,
     Translator,
     decoding_from,
@@ -92,15 +95,44 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--nbest",
         type=int,
-        help="write the K best hypotheses of each line (K <= beam size) as "
-        "index<TAB>rank<TAB>score<TAB>translation lines (index from 0, rank from 1)",
+        help="write the K best hypotheses of each line (K <= beam size; with sampling, K "
+        "samples) as index<TAB>rank<TAB>score<TAB>translation lines (index from 0, rank from 1)",
     )
+    steer = parser.add_argument_group(
+        "steering", "sampling, a forced start and required phrases (docs/evaluation.md)"
+    )
+    steer.add_argument(
+        "--sampling-topk", type=int, metavar="K",
+        help="sample each token from the K most likely (0 = the whole vocabulary)",
+    )  # fmt: skip
+    steer.add_argument(
+        "--sampling-topp", type=float, metavar="P",
+        help="sample from the most likely tokens whose probability reaches P, in (0, 1]",
+    )  # fmt: skip
+    steer.add_argument("--temperature", type=float, help="sampling temperature (> 1 flattens)")
+    steer.add_argument(
+        "--seed", type=int, help="sampling seed: the same seed gives the same samples"
+    )
+    steer.add_argument(
+        "--prefix-file", metavar="FILE",
+        help="one target prefix per input line: each output starts with it (empty: none)",
+    )  # fmt: skip
+    steer.add_argument(
+        "--constraints-file", metavar="FILE",
+        help='one JSON list of target phrases per input line, e.g. ["Katzen", "im Garten"], '
+        "that each output contains (beam search, torch engine)",
+    )  # fmt: skip
+    steer.add_argument(
+        "--alignments", action="store_true",
+        help="add each output's word alignment to its source (Pharaoh i-j pairs): a TAB "
+        "column in text, an 'alignment' field in jsonl",
+    )  # fmt: skip
     parser.add_argument(
         "--format",
         choices=("text", "jsonl"),
         default="text",
         help='jsonl: one {"index", "source", "hypotheses": [{"text", "score", "tokens"}]} '
-        "object per input line",
+        "object per input line (with --alignments, an 'alignment' in each hypothesis)",
     )
     parser.add_argument(
         "--buffer-size",
@@ -163,12 +195,19 @@ def _open_translator(args: argparse.Namespace) -> tuple[Translator, SearchConfig
             ("--input", args.input),
             *(("--ckpt", c) for c in args.ckpt),
             ("--ct2-model", args.ct2_model),
+            ("--prefix-file", args.prefix_file),
+            ("--constraints-file", args.constraints_file),
         ],
     )
     check_output_file(args.output, "--output")
     _check_input_text(args.input, args.errors)
     if args.buffer_size < 1:
         raise ValueError(f"--buffer-size must be >= 1, got {args.buffer_size}")
+    if args.constraints_file and args.engine != "torch":
+        raise ValueError(
+            f"--constraints-file needs the torch engine's constrained beam search ({args.engine} "
+            "has none); use --engine torch"
+        )
     translator = open_translator(args)
     search = SearchConfig.from_stored(
         {**(translator.loaded.decoding or {}), **decoding_from(args.decoding_from)},
@@ -178,23 +217,49 @@ def _open_translator(args: argparse.Namespace) -> tuple[Translator, SearchConfig
         max_len_a=args.max_len_a,
         max_len_b=args.max_len_b,
         nbest=args.nbest,
+        sampling_topk=args.sampling_topk,
+        sampling_topp=args.sampling_topp,
+        temperature=args.temperature,
+        seed=args.seed,
     )
     return translator, search
 
 
+def _steering(
+    args: argparse.Namespace, lines: Iterable[str]
+) -> tuple[Iterable[str], list[str] | None, list[list[str]] | None]:
+    """The input lines and, with ``--prefix-file``/``--constraints-file``, their prefixes and
+    constraints. With either file the whole input is read first, so a count that does not
+    match is refused before any output."""
+    if not (args.prefix_file or args.constraints_file):
+        return lines, None, None
+    lines = list(lines)
+    prefixes, constraints = read_steering(
+        args.prefix_file, args.constraints_file, len(lines), errors=args.errors,
+        flags=("--prefix-file", "--constraints-file"),
+    )  # fmt: skip
+    return lines, prefixes, constraints
+
+
 def format_translation(translation: Translation, index: int, args: argparse.Namespace) -> str:
-    """The output lines of one input line: text, n-best TSV or a JSON object."""
+    """The output lines of one input line: text, n-best TSV or a JSON object; with
+    alignments, a last TAB column (or an ``alignment`` field) of Pharaoh pairs."""
     if args.format == "jsonl":
         hyps = [
             {"text": h.text, "score": round(h.score, 6), "tokens": h.tokens}
+            | ({"alignment": pharaoh(h.alignment)} if h.alignment is not None else {})
             for h in translation.hypotheses
         ]
         record = {"index": index, "source": translation.source, "hypotheses": hyps}
         return json.dumps(record, ensure_ascii=False) + "\n"
+
+    def aligned(h: Candidate) -> str:
+        return "" if h.alignment is None else f"\t{pharaoh(h.alignment)}"
+
     if args.nbest is None:
-        return translation.text + "\n"
+        return translation.text + aligned(translation.hypotheses[0]) + "\n"
     return "".join(
-        f"{index}\t{rank}\t{h.score:.4f}\t{h.text}\n"
+        f"{index}\t{rank}\t{h.score:.4f}\t{h.text}{aligned(h)}\n"
         for rank, h in enumerate(translation.hypotheses, start=1)
     )
 
@@ -214,13 +279,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CheckpointError, ValueError, OSError) as err:
         return user_error(err)
     start, count, replaced = time.perf_counter(), 0, []
-    lines = decode_lines(source, args.input, errors=args.errors, replaced=replaced, fix=ERRORS_FIX)
+    lines: Iterable[str] = decode_lines(
+        source, args.input, errors=args.errors, replaced=replaced, fix=ERRORS_FIX
+    )
     try:
+        lines, prefixes, constraints = _steering(args, lines)
         with _open_output(args.output) as sink:
             for chunk in _chunks(lines, args.buffer_size):
+                part = slice(count, count + len(chunk))
                 for translation in translator.translate_batch(
-                    chunk, search, progress=args.progress
-                ):
+                    chunk, search, progress=args.progress, alignments=args.alignments,
+                    prefixes=None if prefixes is None else prefixes[part],
+                    constraints=None if constraints is None else constraints[part],
+                ):  # fmt: skip
                     sink.write(format_translation(translation, count, args))
                     count += 1
                 sink.flush()

@@ -88,7 +88,11 @@ class Collate:
         }
         if "tgt_ids" in columns:
             batch["tgt"] = self._pad(columns["tgt_ids"], [self.bos_id])  # (B, T)
-        for key, column in (("src_text", "src"), ("tgt_text", "tgt")):
+        # Steering of decoding (forced prefixes, constraint phrases) stays as lists of ids.
+        for key, column in (
+            ("src_text", "src"), ("tgt_text", "tgt"),
+            ("prefix_ids", "prefix_ids"), ("constraint_ids", "constraint_ids"),
+        ):  # fmt: skip
             if column in columns:
                 batch[key] = list(columns[column])
         return batch

@@ -26,7 +26,7 @@ import torch
 
 from transformer_mt.checkpoint import LoadedModel
 from transformer_mt.data.tokenizer import BOS, PAD, Tokenizer
-from transformer_mt.errors import ExportError, require_export_extra
+from transformer_mt.errors import ExportError, SettingError, require_export_extra
 from transformer_mt.inference.search import Hypothesis, SearchConfig
 
 log = logging.getLogger(__name__)
@@ -96,16 +96,34 @@ class CTranslate2Engine:
         """:meth:`~transformer_mt.inference.decode.Engine.decode_batch` with CTranslate2.
 
         One ``translate_batch`` call (``num_hypotheses`` = ``search.nbest``); the scores are
-        CTranslate2's (normalised by ``length ** alpha``).
+        CTranslate2's (normalised by ``length ** alpha``). A forced prefix is CTranslate2's
+        ``target_prefix`` (its scores, like ours, leave the prefix out). Sampling is
+        CTranslate2's own; a seed and constraints are refused: CTranslate2 seeds its generator
+        when a worker thread starts, not per call, so seeded samples could not repeat, and it
+        has no constrained beam search.
         """
+        check_ct2_search(search, bool(batch.get("constraint_ids") and any(batch["constraint_ids"])))
         out = [[Hypothesis([], 0.0)] for _ in range(batch["src"].size(0))]
         rows, tokens = self._source_tokens(batch)
         if not rows:
             return out
+        prefixes = self._prefix_tokens(batch, rows)
         # Output tokens before <eos>: one fewer than our cap, which counts the <eos>.
         caps = [c - 1 for c in _caps(search, [len(t) for t in tokens], self.max_len)]
-        results = self.translator.translate_batch(
-            tokens,
+        if prefixes is not None:
+            caps = [max(c, len(p) + search.max_len_b - 1) for c, p in zip(caps, prefixes)]
+            caps = [min(c, self.max_len - 1) for c in caps]
+        results = self.translator.translate_batch(tokens, prefixes, **self._options(search, caps))
+        vocab = self.tokenizer.tgt
+        for row, cap, result in zip(rows, caps, results):
+            out[row] = [
+                Hypothesis([vocab.token_to_id(t) for t in hyp][:cap], float(score))
+                for hyp, score in zip(result.hypotheses, result.scores)
+            ]
+        return out
+
+    def _options(self, search: SearchConfig, caps: list[int]) -> dict[str, Any]:
+        options: dict[str, Any] = dict(
             beam_size=search.beam_size,
             length_penalty=search.length_penalty,
             num_hypotheses=search.nbest,
@@ -114,13 +132,20 @@ class CTranslate2Engine:
             max_input_length=0,
             suppress_sequences=[[PAD], [BOS]],
         )
+        if search.sampling:
+            options.update(
+                sampling_topk=search.sampling_topk or 0,
+                sampling_topp=1.0 if search.sampling_topp is None else search.sampling_topp,
+                sampling_temperature=search.temperature,
+            )
+        return options
+
+    def _prefix_tokens(self, batch: dict[str, Any], rows: list[int]) -> list[list[str]] | None:
+        prefixes = batch.get("prefix_ids")
+        if prefixes is None or not any(prefixes[r] for r in rows):
+            return None
         vocab = self.tokenizer.tgt
-        for row, cap, result in zip(rows, caps, results):
-            out[row] = [
-                Hypothesis([vocab.token_to_id(t) for t in hyp][:cap], float(score))
-                for hyp, score in zip(result.hypotheses, result.scores)
-            ]
-        return out
+        return [[vocab.id_to_token(t) for t in prefixes[r]] for r in rows]
 
     def score_batch(self, batch: dict[str, Any]) -> list[list[float]]:
         """:meth:`~transformer_mt.inference.decode.Engine.score_batch` with CTranslate2's
@@ -136,6 +161,21 @@ class CTranslate2Engine:
         ]
         results = self.translator.score_batch(sources, targets, max_input_length=0)
         return [list(r.log_probs) for r in results]
+
+
+def check_ct2_search(search: SearchConfig, constrained: bool = False) -> None:
+    """Refuse what CTranslate2 cannot do: seeded sampling and constraints (one line each)."""
+    if search.sampling and search.seed is not None:
+        raise SettingError(
+            "the ctranslate2 engine cannot repeat seeded samples (it seeds its generator when "
+            "a worker thread starts, not per call)", [("engine", "torch")],
+            lead="use", tail="for seeded sampling, or leave out the seed",
+        )  # fmt: skip
+    if constrained:
+        raise SettingError(
+            "the ctranslate2 engine cannot decode with constraints (it has no constrained beam "
+            "search)", [("engine", "torch")], lead="use",
+        )  # fmt: skip
 
 
 def read_model_tokenizer(model_dir: Path, expected: Tokenizer | None = None) -> Tokenizer:

@@ -19,7 +19,13 @@ from transformer_mt.checkpoint import CheckpointError, LoadedModel
 from transformer_mt.errors import SettingError
 from transformer_mt.inference.ctranslate2_engine import Converter, CTranslate2Engine
 from transformer_mt.inference.decode import Engine
-from transformer_mt.inference.search import Hypothesis, SearchConfig, as_models, search_batch
+from transformer_mt.inference.search import (
+    Hypothesis,
+    SearchConfig,
+    Steering,
+    as_models,
+    search_batch,
+)
 from transformer_mt.model.transformer import Transformer
 
 #: Decoding engines of evaluate.py (``engine=``) and the commands' ``--engine``.
@@ -57,7 +63,8 @@ class TorchEngine:
         """:meth:`~transformer_mt.inference.decode.Engine.decode_batch` with our search.
 
         A row with an empty source (``<eos>`` alone) gives an empty hypothesis without running
-        the models: there is nothing to translate.
+        the models: there is nothing to translate. ``batch["prefix_ids"]`` and
+        ``batch["constraint_ids"]``, when present, steer each row (:class:`Steering`).
         """
         src = batch["src"].to(self.device)  # (B, S)
         out = [[Hypothesis([], 0.0)] for _ in range(src.size(0))]
@@ -66,8 +73,9 @@ class TorchEngine:
             return out
         if len(rows) < src.size(0):
             src = src[rows]
+        steer = steering(batch).rows(rows)
         found = search_batch(
-            self.models, src, bos_id=self.bos_id, eos_id=self.eos_id, search=search
+            self.models, src, bos_id=self.bos_id, eos_id=self.eos_id, search=search, steer=steer
         )
         for row, hyps in zip(rows, found):
             out[row] = hyps
@@ -90,6 +98,11 @@ class TorchEngine:
         ).mean(dim=0)[..., 0]  # (B, T)
         lengths = (tgt_out != self.models[0].pad_id).sum(dim=1).tolist()  # (B,)
         return [row[:n] for row, n in zip(lprobs.tolist(), lengths)]
+
+
+def steering(batch: dict[str, Any]) -> Steering:
+    """The per-row prefixes and constraints a collated batch carries (none if absent)."""
+    return Steering(batch.get("prefix_ids"), batch.get("constraint_ids"))
 
 
 def check_ensemble(loaded: Sequence[LoadedModel]) -> None:

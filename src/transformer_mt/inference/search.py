@@ -15,8 +15,11 @@ positional ``max_len``.
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
-from collections.abc import Mapping, Sequence
+import secrets
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -24,8 +27,11 @@ import torch
 from torch import Tensor
 
 from transformer_mt.errors import SettingError
+from transformer_mt.inference.constraints import Candidate, ConstraintState, allocate
 from transformer_mt.model.kv_cache import KVCache
 from transformer_mt.model.transformer import Transformer
+
+log = logging.getLogger(__name__)
 
 #: How beam scores are normalised by length (:func:`length_penalty`).
 LENGTH_NORMS = ("gnmt", "power")
@@ -35,7 +41,7 @@ LENGTH_NORMS = ("gnmt", "power")
 # with equal searches one engine call.
 @dataclass(unsafe_hash=True)
 class SearchConfig:
-    """Decoding options shared by greedy and beam search.
+    """Decoding options of greedy search, beam search and sampling.
 
     Args:
         beam_size: Hypotheses kept per sentence (1 = greedy search).
@@ -45,7 +51,15 @@ class SearchConfig:
             ``power`` by ``|Y| ** alpha`` (fairseq, Hugging Face ``generate``, CTranslate2).
         max_len_a, max_len_b: Output cap ``max_len_a * source length + max_len_b`` tokens.
         use_cache: Decode with the key/value cache (``False`` recomputes every prefix).
-        nbest: Hypotheses returned per sentence, best first (at most ``beam_size``).
+        nbest: Hypotheses returned per sentence, best first (at most ``beam_size``); with
+            sampling, the number of samples drawn per sentence, in the order drawn.
+        sampling_topk: Sample each token from the K most likely (0 = the whole vocabulary);
+            ``None`` (and no ``sampling_topp``) searches instead of sampling.
+        sampling_topp: Sample from the smallest set of most likely tokens whose probability
+            reaches P (nucleus sampling, Holtzman et al. 2020), in (0, 1].
+        temperature: Divides the log-probabilities before sampling (> 1 flattens them).
+        seed: Makes sampling reproducible: a sentence's samples depend on the seed and the
+            sentence alone, not on the batch it is decoded in (``None``: a fresh seed).
     """
 
     beam_size: int = 1
@@ -55,8 +69,19 @@ class SearchConfig:
     max_len_b: int = 10
     use_cache: bool = True
     nbest: int = 1
+    sampling_topk: int | None = None
+    sampling_topp: float | None = None
+    temperature: float = 1.0
+    seed: int | None = None
+
+    @property
+    def sampling(self) -> bool:
+        """Tokens are drawn at random rather than searched for."""
+        return self.sampling_topk is not None or self.sampling_topp is not None
 
     def __post_init__(self) -> None:
+        for name, example in (("length_penalty", 0.6), ("max_len_a", 1.2), ("temperature", 1)):
+            _finite(name, getattr(self, name), example)
         if self.beam_size < 1:
             raise SettingError(
                 f"beam_size must be >= 1, got {self.beam_size}", [("beam_size", 1)],
@@ -72,21 +97,98 @@ class SearchConfig:
                 f"length_norm={self.length_norm!r} is not one of {', '.join(LENGTH_NORMS)}; use "
                 "gnmt ((5 + |Y|) / 6) ** alpha) or power (|Y| ** alpha)"
             )
+        if self.sampling:
+            self._check_sampling()
+        else:
+            self._check_search()
+
+    def _check_search(self) -> None:
         if not 1 <= self.nbest <= self.beam_size:
             raise ValueError(
                 f"nbest={self.nbest} but a beam of {self.beam_size} keeps {self.beam_size} "
                 f"hypotheses; ask for 1 to {self.beam_size}, or raise the beam size to "
                 f"{max(self.nbest, 1)}"
             )
+        given = {"temperature": self.temperature != 1.0, "seed": self.seed is not None}
+        for name in (name for name, is_set in given.items() if is_set):
+            raise SettingError(
+                    f"{name} only applies to sampling", [("sampling_topk", 0)],
+                    lead="sample with", tail="(the whole vocabulary) or a top-k or top-p",
+                )  # fmt: skip
+
+    def _check_sampling(self) -> None:
+        if self.beam_size != 1:
+            raise SettingError(
+                f"sampling draws one token at a time, but beam_size is {self.beam_size}",
+                [("beam_size", 1)], tail="(the n-best count sets the samples per sentence)",
+            )  # fmt: skip
+        if self.nbest < 1:
+            raise SettingError(f"nbest must be >= 1, got {self.nbest}", [("nbest", 1)])
+        if self.sampling_topk is not None and self.sampling_topk < 0:
+            raise SettingError(
+                f"sampling_topk must be >= 0, got {self.sampling_topk}", [("sampling_topk", 0)],
+                tail="(the whole vocabulary) or more",
+            )  # fmt: skip
+        if self.sampling_topp is not None:
+            _finite("sampling_topp", self.sampling_topp, 0.9)
+            if not 0.0 < self.sampling_topp <= 1.0:
+                raise SettingError(
+                    f"sampling_topp must be in (0, 1], got {self.sampling_topp}",
+                    [("sampling_topp", 0.9)], lead="use e.g.",
+                )  # fmt: skip
+        if not self.temperature > 0.0:
+            raise SettingError(
+                f"temperature must be > 0, got {self.temperature}", [("temperature", 1.0)],
+                lead="use e.g.",
+            )  # fmt: skip
 
     @classmethod
     def from_stored(cls, decoding: Mapping[str, Any] | None, **overrides: Any) -> SearchConfig:
         """The search a checkpoint stores (``decoding``; unknown keys ignored) with the
-        non-``None`` ``overrides`` on top: the one way every command builds its search."""
+        non-``None`` ``overrides`` on top: the one way every command builds its search.
+
+        Asking for sampling replaces a stored beam search by sampling (``beam_size`` 1, unless
+        the overrides ask for a beam too, which is refused).
+        """
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in (decoding or {}).items() if k in known}
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if any(k in given for k in SAMPLING_KEYS) and "beam_size" not in given:
+            values.update(beam_size=1, nbest=1)
+        values.update(given)
         return cls(**values)
+
+
+#: The settings that turn sampling on.
+SAMPLING_KEYS = ("sampling_topk", "sampling_topp")
+
+
+def _finite(name: str, value: float, example: float) -> None:
+    if not math.isfinite(value):
+        raise SettingError(
+            f"{name} must be a finite number, got {value}", [(name, example)], lead="use e.g."
+        )
+
+
+@dataclass(frozen=True)
+class Steering:
+    """Per-sentence targets of one batch of sources (row ``i`` for source row ``i``).
+
+    Attributes:
+        prefixes: target ids each output must start with (decoding continues from them; the
+            score covers the continuation only), or ``None``.
+        constraints: target phrases (id lists) each output must contain, or ``None``.
+    """
+
+    prefixes: Sequence[Sequence[int]] | None = None
+    constraints: Sequence[Sequence[Sequence[int]]] | None = None
+
+    def rows(self, rows: Sequence[int]) -> Steering:
+        """The steering of the source rows ``rows``, in that order."""
+        return Steering(
+            None if self.prefixes is None else [self.prefixes[r] for r in rows],
+            None if self.constraints is None else [self.constraints[r] for r in rows],
+        )
 
 
 @dataclass(frozen=True)
@@ -177,10 +279,22 @@ def _select_cache(layer: tuple[KVCache, KVCache], index: Tensor) -> None:
         cache.reorder(index)
 
 
-def _max_lengths(models: list[Transformer], src: Tensor, a: float, b: int) -> Tensor:
-    """Per-sentence cap on generated tokens (eos included), ``(B,)``."""
+def _max_lengths(
+    models: list[Transformer], src: Tensor, search: SearchConfig, steer: Steering
+) -> Tensor:
+    """Per-sentence cap on generated tokens (eos included), ``(B,)``.
+
+    A forced prefix or constraint phrases get room on top of the cap: the prefix plus
+    ``max_len_b`` tokens, the constraints' tokens added to it.
+    """
     src_len = (src != models[0].pad_id).sum(dim=1)  # (B,)
-    limit = (a * src_len.float() + b).floor().long().clamp(min=1)
+    limit = (search.max_len_a * src_len.float() + search.max_len_b).floor().long().clamp(min=1)
+    if steer.prefixes is not None:
+        needed = torch.tensor([len(p) + search.max_len_b for p in steer.prefixes])
+        limit = torch.maximum(limit, needed.to(limit.device))
+    if steer.constraints is not None:
+        extra = torch.tensor([sum(map(len, c)) for c in steer.constraints])
+        limit = limit + extra.to(limit.device)
     # The decoder input is bos + all generated tokens but the last: max_len positions.
     return limit.clamp(max=min(m.config.max_len for m in models))
 
@@ -191,28 +305,90 @@ def _ban_specials(lprobs: Tensor, pad_id: int, bos_id: int) -> None:
     lprobs[:, bos_id] = -math.inf
 
 
-@torch.no_grad()
-def greedy_search(
-    model: Transformer | Sequence[Transformer],
+class _Forcing:
+    """The forced target prefix of each sentence: at step ``t`` a sentence with a prefix longer
+    than ``t`` can only take its ``t``-th token, at no cost (scores cover the continuation)."""
+
+    def __init__(self, prefixes: Sequence[Sequence[int]] | None, B: int, device: Any) -> None:
+        self.lengths = [len(p) for p in prefixes] if prefixes is not None else [0] * B
+        self.tokens = torch.full((B, max(self.lengths, default=0)), -1, dtype=torch.long)
+        for b, p in enumerate(prefixes or ()):
+            self.tokens[b, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
+        self.tokens = self.tokens.to(device)
+
+    def apply(self, lprobs: Tensor, sentences: Tensor, step: int) -> None:
+        """Force the rows of ``lprobs`` whose sentence (``sentences``) is still in its prefix."""
+        if step >= self.tokens.size(1):
+            return
+        token = self.tokens[sentences, step]  # (rows,)
+        rows = (token >= 0).nonzero().squeeze(1)
+        if rows.numel():
+            lprobs[rows] = -math.inf
+            lprobs[rows, token[rows]] = 0.0
+
+
+class _Sampler:
+    """Draws each row's next token; every row has its own seeded generator.
+
+    A sentence's generator is seeded from the search's seed, its source ids and the sample's
+    number, so its samples do not depend on which other sentences share the batch.
+    """
+
+    def __init__(self, search: SearchConfig, src: Tensor, pad_id: int, samples: int) -> None:
+        self.search = search
+        base = secrets.randbits(63) if search.seed is None else search.seed
+        self.generators = []
+        for row in src.tolist():
+            ids = [t for t in row if t != pad_id]
+            for k in range(samples):
+                digest = hashlib.blake2b(f"{base}:{k}:{ids}".encode(), digest_size=8).digest()
+                generator = torch.Generator(device=src.device)
+                generator.manual_seed(int.from_bytes(digest, "little") >> 1)
+                self.generators.append(generator)
+
+    def __call__(self, lprobs: Tensor, rows: Tensor) -> Tensor:
+        """One token per row of ``lprobs (n, V)``; ``rows``: each row's generator."""
+        probs = _filtered(lprobs / self.search.temperature, self.search).softmax(dim=-1)
+        return torch.cat(
+            [
+                torch.multinomial(p, 1, generator=self.generators[r])
+                for p, r in zip(probs, rows.tolist())
+            ]
+        )
+
+
+def _filtered(logits: Tensor, search: SearchConfig) -> Tensor:
+    """``logits (n, V)`` with every token outside the top-k and the top-p set at -inf."""
+    k = search.sampling_topk
+    if k:
+        kth = logits.topk(min(k, logits.size(-1)), dim=-1).values[:, -1:]  # (n, 1)
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    p = search.sampling_topp
+    if p is not None and p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # A token stays if the more likely ones before it reach less than p: the first always.
+        drop_sorted = probs.cumsum(dim=-1) - probs >= p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, -math.inf)
+    return logits
+
+
+def _token_by_token(
+    models: list[Transformer],
     src: Tensor,
+    choose: Callable[[Tensor, Tensor], Tensor],
     *,
     bos_id: int,
     eos_id: int,
     search: SearchConfig,
-) -> list[list[Hypothesis]]:
-    """Pick the most likely token at every step (``search.beam_size`` is not read).
-
-    Args:
-        model: A model, or several whose log-probabilities are averaged (an ensemble).
-        src: Source token ids ``(B, S)`` padded with the models' pad id.
-
-    Returns:
-        One single-hypothesis list per sentence.
-    """
-    models = as_models(model)
+    steer: Steering,
+) -> list[Hypothesis]:
+    """Decode one token per sentence per step, picked by ``choose(lprobs, rows)``."""
     B, device = src.size(0), src.device
     decoding = _Decoding(models, src, search.use_cache)
-    max_lens = _max_lengths(models, src, search.max_len_a, search.max_len_b)  # (B,)
+    forcing = _Forcing(steer.prefixes, B, device)
+    max_lens = _max_lengths(models, src, search, steer)  # (B,)
     steps = int(max_lens.max())
     out = torch.full((B, steps), eos_id, dtype=torch.long, device=device)
     log_prob = torch.zeros(B, device=device)  # (B,)
@@ -221,7 +397,8 @@ def greedy_search(
     for step in range(steps):
         lprobs = decoding.log_probs(prefix, step)  # (B_alive, V)
         _ban_specials(lprobs, models[0].pad_id, bos_id)
-        next_token = lprobs.argmax(dim=-1)  # (B_alive,)
+        forcing.apply(lprobs, alive, step)
+        next_token = choose(lprobs, alive)  # (B_alive,)
         # A sentence at its length cap ends here.
         next_token = torch.where(step + 1 >= max_lens[alive], eos_id, next_token)
         out[alive, step] = next_token
@@ -235,14 +412,72 @@ def greedy_search(
             alive, prefix = alive[keep], prefix[keep]
             decoding.select(keep)
     return [
-        [_hypothesis(row, lp, search, eos_id)] for row, lp in zip(out.tolist(), log_prob.tolist())
+        _hypothesis(row, lp, forced, search, eos_id)
+        for row, lp, forced in zip(out.tolist(), log_prob.tolist(), forcing.lengths)
     ]
 
 
-def _hypothesis(row: list[int], log_prob: float, search: SearchConfig, eos_id: int) -> Hypothesis:
-    """A greedy output row (ended by its first ``<eos>``) as a :class:`Hypothesis`."""
+@torch.no_grad()
+def greedy_search(
+    model: Transformer | Sequence[Transformer],
+    src: Tensor,
+    *,
+    bos_id: int,
+    eos_id: int,
+    search: SearchConfig,
+    steer: Steering | None = None,
+) -> list[list[Hypothesis]]:
+    """Pick the most likely token at every step (``search.beam_size`` is not read).
+
+    Args:
+        model: A model, or several whose log-probabilities are averaged (an ensemble).
+        src: Source token ids ``(B, S)`` padded with the models' pad id.
+        steer: Forced prefixes (constraints need :func:`beam_search`).
+
+    Returns:
+        One single-hypothesis list per sentence.
+    """
+    found = _token_by_token(
+        as_models(model), src, lambda lprobs, rows: lprobs.argmax(dim=-1),
+        bos_id=bos_id, eos_id=eos_id, search=search, steer=steer or Steering(),
+    )  # fmt: skip
+    return [[h] for h in found]
+
+
+@torch.no_grad()
+def sample(
+    model: Transformer | Sequence[Transformer],
+    src: Tensor,
+    *,
+    bos_id: int,
+    eos_id: int,
+    search: SearchConfig,
+    steer: Steering | None = None,
+) -> list[list[Hypothesis]]:
+    """Draw ``search.nbest`` outputs per sentence, each token from the tempered, top-k and
+    top-p filtered distribution (:class:`SearchConfig`), in the order drawn.
+
+    A sample's score is its model log-probability (untempered, unfiltered) over the length
+    penalty, as for greedy search.
+    """
+    models, n = as_models(model), search.nbest
+    steer = steer or Steering()
+    rows = torch.arange(src.size(0), device=src.device).repeat_interleave(n)
+    choose = _Sampler(search, src, models[0].pad_id, n)
+    found = _token_by_token(
+        models, src[rows], choose, bos_id=bos_id, eos_id=eos_id, search=search,
+        steer=steer.rows(rows.tolist()),
+    )  # fmt: skip
+    return [found[i : i + n] for i in range(0, len(found), n)]
+
+
+def _hypothesis(
+    row: list[int], log_prob: float, forced: int, search: SearchConfig, eos_id: int
+) -> Hypothesis:
+    """An output row (ended by its first ``<eos>``) as a :class:`Hypothesis`; ``forced``
+    prefix tokens are not counted in the length normalisation (they cost nothing)."""
     tokens = row[: row.index(eos_id)]
-    return Hypothesis(tokens, log_prob / _divisor(len(tokens) + 1, search))
+    return Hypothesis(tokens, log_prob / _divisor(len(tokens) + 1 - forced, search))
 
 
 def _divisor(length: int, search: SearchConfig) -> float:
@@ -256,9 +491,11 @@ class _Beam:
     ``i``, whose original index is ``alive[i]``.
     """
 
-    def __init__(self, src: Tensor, bos_id: int, K: int) -> None:
+    def __init__(self, src: Tensor, bos_id: int, K: int, forced: Sequence[int]) -> None:
         B, device = src.size(0), src.device
         self.K, self.device = K, device
+        #: per sentence: forced prefix tokens, left out of the length normalisation
+        self.forced = list(forced)
         self.prefix = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)
         # Only beam 0 is live at the start, so the first step does not pick K copies of one token.
         self.scores = torch.full((B, K), -math.inf, device=device)  # summed log-probabilities
@@ -267,7 +504,7 @@ class _Beam:
         #: per sentence: (ranking score, ids with eos)
         self.finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
 
-    def extend(self, lprobs: Tensor, eos_id: int, search: SearchConfig) -> Tensor:
+    def extend(self, lprobs: Tensor, at_cap: Tensor, eos_id: int, search: SearchConfig) -> Tensor:
         """Score all ``K x V`` extensions; set finished ones aside; keep the best K live.
 
         Takes the best ``2K`` candidates (fairseq's trick): those ending in eos among the first
@@ -286,7 +523,7 @@ class _Beam:
             b = int(self.alive[i])
             if len(self.finished[b]) < K:
                 hyp = [*self.prefix[i * K + int(top_beam[i, j]), 1:].tolist(), eos_id]
-                score = float(top_scores[i, j]) / _divisor(length, search)
+                score = float(top_scores[i, j]) / _divisor(length - self.forced[b], search)
                 self.finished[b].append((score, hyp))
         live_scores = top_scores.masked_fill(top_token == eos_id, -math.inf)  # (n, 2K)
         self.scores, pick = live_scores.topk(K, dim=1)  # (n, K)
@@ -322,13 +559,123 @@ class _Beam:
                     total = float(self.scores[i, k])
                     if math.isfinite(total):
                         hyp = self.prefix[i * self.K + k, 1:].tolist()
-                        self.finished[b].append((total / _divisor(len(hyp), search), hyp))
+                        divisor = _divisor(len(hyp) - self.forced[b], search)
+                        self.finished[b].append((total / divisor, hyp))
         out = []
         for hyps in self.finished:
             # sorted() is stable: ties keep their order.
             ranked = sorted(hyps, key=lambda h: -h[0])[: search.nbest]
             out.append([Hypothesis(_strip_eos(h, eos_id), s) for s, h in ranked])
         return out
+
+
+class _ConstrainedBeam(_Beam):
+    """A beam whose hypotheses must contain their sentence's constraint phrases.
+
+    Each beam carries a :class:`ConstraintState`. Besides the best ``2K`` extensions of the
+    sentence, every beam proposes its best token and the tokens that advance a phrase; the K
+    kept are spread over the numbers of constraint tokens met (:func:`allocate`). ``<eos>`` is
+    allowed only once every phrase is in (or at the length cap, where a hypothesis that still
+    misses one is kept only as a last resort, and reported).
+    """
+
+    def __init__(
+        self,
+        src: Tensor,
+        bos_id: int,
+        K: int,
+        forced: Sequence[int],
+        constraints: Sequence[Sequence[Sequence[int]]],
+    ) -> None:
+        super().__init__(src, bos_id, K, forced)
+        phrases = [tuple(tuple(p) for p in c) for c in constraints]
+        self.states = [ConstraintState(phrases[b]) for b in range(src.size(0)) for _ in range(K)]
+        #: per sentence: hypotheses that ended at the cap without every phrase
+        self.fallback: list[list[tuple[float, list[int]]]] = [[] for _ in range(src.size(0))]
+        #: sentences returned without every phrase
+        self.unsatisfied = 0
+
+    def extend(self, lprobs: Tensor, at_cap: Tensor, eos_id: int, search: SearchConfig) -> Tensor:
+        n, K, capped = self.alive.numel(), self.K, at_cap.tolist()
+        open_rows = [r for r, s in enumerate(self.states) if not s.finished and not capped[r // K]]
+        if open_rows:
+            lprobs[open_rows, eos_id] = -math.inf
+        totals = self.scores.view(n * K, 1) + lprobs  # (n*K, V)
+        proposals = self._proposals(totals, eos_id)
+        length = self.prefix.size(1)
+        kept_all: list[Candidate] = []
+        for i, found in enumerate(proposals):
+            b = int(self.alive[i])
+            ranked = sorted(found, key=lambda c: -c[0])
+            complete = [c for c in ranked if self.states[i * K + c[1]].advance(c[2]).finished]
+            for score, k, token in ranked[:K] if capped[i] else complete[:K]:
+                if token == eos_id:
+                    hyp = [*self.prefix[i * K + k, 1:].tolist(), eos_id]
+                    entry = (score / _divisor(length - self.forced[b], search), hyp)
+                    done = self.states[i * K + k].finished
+                    target = self.finished[b] if done else self.fallback[b]
+                    if len(target) < K:
+                        target.append(entry)
+            live = [
+                Candidate(score, k, token, self.states[i * K + k].advance(token))
+                for score, k, token in ranked
+                if token != eos_id
+            ]
+            kept = allocate(live, K)
+            pad = Candidate(-math.inf, 0, eos_id, self.states[i * K])
+            kept_all.extend(kept + [pad] * (K - len(kept)))
+        self.states = [c.state for c in kept_all]
+        self.scores = torch.tensor([c.score for c in kept_all], device=self.device).view(n, K)
+        beam = torch.tensor([c.beam for c in kept_all], device=self.device).view(n, K)
+        token = torch.tensor([c.token for c in kept_all], device=self.device).view(n, K)
+        rows = (torch.arange(n, device=self.device)[:, None] * K + beam).view(-1)  # (n*K,)
+        self.prefix = torch.cat([self.prefix[rows], token.view(-1, 1)], dim=1)
+        return rows
+
+    def _proposals(self, totals: Tensor, eos_id: int) -> list[list[tuple[float, int, int]]]:
+        """Per live sentence: the distinct ``(summed log-probability, beam, token)``
+        extensions worth keeping, with finite scores: the sentence's best ``2K``, each beam's
+        best token, the tokens that advance a phrase and, for beams with every phrase,
+        ``<eos>``."""
+        n, K, V = self.alive.numel(), self.K, totals.size(-1)
+        top_scores, top_index = totals.view(n, K * V).topk(2 * K, dim=1)  # (n, 2K)
+        best = totals.argmax(dim=1).tolist()  # (n*K,)
+        wanted = [
+            (r, t)
+            for r, state in enumerate(self.states)
+            for t in sorted(state.wanted() | {best[r]} | ({eos_id} if state.finished else set()))
+        ]
+        scores = totals[[r for r, _ in wanted], [t for _, t in wanted]].tolist()
+        found: list[dict[tuple[int, int], float]] = [
+            {(j // V, j % V): s for s, j in zip(row_scores, index)}
+            for row_scores, index in zip(top_scores.tolist(), top_index.tolist())
+        ]
+        for (r, t), s in zip(wanted, scores):
+            found[r // K][(r % K, t)] = s
+        return [[(s, k, t) for (k, t), s in cands.items() if math.isfinite(s)] for cands in found]
+
+    def keep(self, keep: Tensor) -> Tensor:
+        rows = super().keep(keep)
+        self.states = [self.states[r] for r in rows.tolist()]
+        return rows
+
+    def results(self, search: SearchConfig, eos_id: int) -> list[list[Hypothesis]]:
+        """As :meth:`_Beam.results`, from the hypotheses with every phrase; a sentence with
+        none falls back to its best ones without (counted in :attr:`unsatisfied`)."""
+        K = self.K
+        for i, b in enumerate(self.alive.tolist()):
+            for k in range(K):
+                total, state = float(self.scores[i, k]), self.states[i * K + k]
+                if math.isfinite(total) and len(self.finished[b]) < K:
+                    hyp = self.prefix[i * K + k, 1:].tolist()
+                    entry = (total / _divisor(len(hyp) - self.forced[b], search), hyp)
+                    (self.finished[b] if state.finished else self.fallback[b]).append(entry)
+        for b, hyps in enumerate(self.finished):
+            if not hyps:
+                self.unsatisfied += 1
+                hyps.extend(self.fallback[b])
+        self.alive = self.alive[:0]  # the live beams are in `finished` now
+        return super().results(search, eos_id)
 
 
 def _strip_eos(seq: list[int], eos_id: int) -> list[int]:
@@ -351,35 +698,51 @@ def beam_search(
     bos_id: int,
     eos_id: int,
     search: SearchConfig,
+    steer: Steering | None = None,
 ) -> list[list[Hypothesis]]:
     """Keep the ``search.beam_size`` best prefixes per sentence; return the best finished ones.
 
     A sentence stops when it has K finished hypotheses (early stopping); they are ranked by the
     length-normalised score (:func:`length_penalty`) and the first ``search.nbest`` returned.
-    With ``beam_size=1`` this is exactly greedy search.
+    With ``beam_size=1`` this is exactly greedy search. With constraints (``steer``), the
+    beam is spread over the constraint tokens met (:mod:`~transformer_mt.inference.constraints`)
+    and only hypotheses that contain every phrase may end.
 
     Args:
         model: A model, or several whose log-probabilities are averaged (an ensemble).
         src: Source token ids ``(B, S)`` padded with the models' pad id.
+        steer: Forced prefixes and constraint phrases per sentence.
     """
-    models, K = as_models(model), search.beam_size
+    models, K, steer = as_models(model), search.beam_size, steer or Steering()
     decoding = _Decoding(models, src, search.use_cache)
     # Sentence-major copies: row b * K + k is beam k of sentence b.
     decoding.select(torch.arange(src.size(0), device=src.device).repeat_interleave(K))
-    max_lens = _max_lengths(models, src, search.max_len_a, search.max_len_b)  # (B,)
-    beam = _Beam(src, bos_id, K)
+    max_lens = _max_lengths(models, src, search, steer)  # (B,)
+    forcing = _Forcing(steer.prefixes, src.size(0), src.device)
+    beam = (
+        _Beam(src, bos_id, K, forcing.lengths)
+        if steer.constraints is None
+        else _ConstrainedBeam(src, bos_id, K, forcing.lengths, steer.constraints)
+    )
     for step in range(int(max_lens.max())):
         lprobs = decoding.log_probs(beam.prefix, step)  # (n*K, V)
         _ban_specials(lprobs, models[0].pad_id, bos_id)
+        forcing.apply(lprobs, beam.alive.repeat_interleave(K), step)
         at_cap = step + 1 >= max_lens[beam.alive]  # (n,)
         _cap_to_eos(lprobs, at_cap.repeat_interleave(K), eos_id)
-        decoding.reorder_beams(beam.extend(lprobs, eos_id, search))
+        decoding.reorder_beams(beam.extend(lprobs, at_cap, eos_id, search))
         done = beam.done(at_cap)
         if bool(done.all()):
             break
         if bool(done.any()):
             decoding.select(beam.keep((~done).nonzero().squeeze(1)))
-    return beam.results(search, eos_id)
+    results = beam.results(search, eos_id)
+    if isinstance(beam, _ConstrainedBeam) and beam.unsatisfied:
+        log.warning(
+            "%d of %d sentences could not fit every constraint phrase within their length cap; "
+            "their outputs miss a phrase (raise max_len_b)", beam.unsatisfied, src.size(0),
+        )  # fmt: skip
+    return results
 
 
 def search_batch(
@@ -389,10 +752,18 @@ def search_batch(
     bos_id: int,
     eos_id: int,
     search: SearchConfig,
+    steer: Steering | None = None,
 ) -> list[list[Hypothesis]]:
-    """Greedy (``beam_size`` 1) or beam search: the ``search.nbest`` best per sentence."""
-    fn = greedy_search if search.beam_size == 1 else beam_search
-    return fn(model, src, bos_id=bos_id, eos_id=eos_id, search=search)
+    """The ``search.nbest`` outputs per sentence: sampled, greedy (``beam_size`` 1) or beam
+    search; constraints always take the (constrained) beam search."""
+    steer = steer or Steering()
+    if search.sampling:
+        fn = sample
+    elif search.beam_size == 1 and steer.constraints is None:
+        fn = greedy_search
+    else:
+        fn = beam_search
+    return fn(model, src, bos_id=bos_id, eos_id=eos_id, search=search, steer=steer)
 
 
 def generate(

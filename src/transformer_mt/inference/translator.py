@@ -23,9 +23,10 @@ from transformer_mt.checkpoint import LoadedModel
 from transformer_mt.data.batching import decode_sampler
 from transformer_mt.data.collate import Collate, source_limit
 from transformer_mt.errors import SettingError
+from transformer_mt.inference.alignment import cross_attention, piece_words, word_alignment
 from transformer_mt.inference.decode import Engine, best_tokens, decode, progress_bar, score
 from transformer_mt.inference.engine import TorchEngine
-from transformer_mt.inference.search import Hypothesis, SearchConfig
+from transformer_mt.inference.search import Hypothesis, SearchConfig, Steering
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +66,33 @@ def decoding_from(path: str | Path | None) -> dict[str, Any]:
     return {str(k): v for k, v in decoding.items()}
 
 
+def _check_count(name: str, values: Sequence[Any], count: int) -> None:
+    if len(values) != count:
+        raise ValueError(
+            f"{len(values)} {name} for {count} input lines; give one per line (an empty one "
+            "where a line has none)"
+        )
+
+
+def _phrase_ids(tokenizer: Any, phrases: Sequence[str], line: int) -> list[list[int]]:
+    """The ids of one line's constraint phrases (see :meth:`Translator.steering`)."""
+    if any(not isinstance(p, str) or not p.strip() for p in phrases):
+        raise ValueError(
+            f"constraints of line {line + 1}: {list(phrases)!r} holds an empty phrase or one "
+            'that is not text; give non-empty strings, e.g. ["Katzen", "im Garten"]'
+        )
+    return tokenizer.encode_tgt_batch([" " + " ".join(p.split()) for p in phrases])
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """One hypothesis as text: its detokenized text, score and target tokens (subwords)."""
+    """One hypothesis as text: its detokenized text, score and target tokens (subwords), and
+    its word alignment to the source (Pharaoh pairs, when asked for)."""
 
     text: str
     score: float
     tokens: list[str]
+    alignment: list[tuple[int, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -132,8 +153,8 @@ class Translator:
             max_tokens = DEFAULT_MAX_TOKENS if data is None else data.eval_max_tokens
         self.max_tokens, self.max_sentences = max_tokens, max_sentences
         #: source ids kept per sentence: the rule of every decoding path
-        model_max_len = min(m.config.max_len for m in models)
-        self.limit = source_limit(None if data is None else data.max_len, model_max_len)
+        self.model_max_len = min(m.config.max_len for m in models)
+        self.limit = source_limit(None if data is None else data.max_len, self.model_max_len)
         tok = self.tokenizer
         self.collate = Collate(tok.pad_id, tok.bos_id, tok.eos_id, self.limit)
 
@@ -160,11 +181,15 @@ class Translator:
         return [seq[:limit] for seq in ids]
 
     def batches(
-        self, ids: Sequence[Sequence[int]], targets: Sequence[Sequence[int]] | None = None
+        self,
+        ids: Sequence[Sequence[int]],
+        targets: Sequence[Sequence[int]] | None = None,
+        steer: Steering | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Collated batches of ``ids`` (and ``targets``) in the order every decoding path uses.
 
         With targets (forced decoding), the budget counts the longer side of each pair.
+        ``steer`` (per line) travels with each batch as ``prefix_ids``/``constraint_ids``.
         """
         limit = self.limit
         lengths = [(len(s) if limit is None else min(len(s), limit)) + 1 for s in ids]  # + <eos>
@@ -174,6 +199,12 @@ class Translator:
             columns: dict[str, Any] = {"src_ids": [ids[i] for i in batch], "index": batch}
             if targets is not None:
                 columns["tgt_ids"] = [targets[i] for i in batch]
+            for column, values in (
+                ("prefix_ids", steer and steer.prefixes),
+                ("constraint_ids", steer and steer.constraints),
+            ):
+                if values is not None:
+                    columns[column] = [values[i] for i in batch]
             yield self.collate(columns)
 
     def decode_ids(
@@ -181,14 +212,17 @@ class Translator:
         ids: Sequence[Sequence[int]],
         search: SearchConfig | None = None,
         *,
+        steer: Steering | None = None,
         progress: bool = False,
     ) -> list[list[Hypothesis]]:
         """The n-best list of each source id list, in order (``search``: default the
-        translator's). Empty sources give one empty hypothesis without running the model."""
+        translator's; ``steer``: per-line prefixes and constraints, as ids). Empty sources give
+        one empty hypothesis without running the model."""
         if not ids:
             return []
+        batches = self.batches(ids, steer=steer)
         with progress_bar(progress, len(ids)) as advance:
-            return decode(self.engine, self.batches(ids), search or self.search, advance)
+            return decode(self.engine, batches, search or self.search, advance)
 
     def translate_ids(
         self, ids: Sequence[Sequence[int]], progress: bool = False
@@ -197,26 +231,99 @@ class Translator:
         return best_tokens(self.decode_ids(ids, progress=progress))
 
     def translate_batch(
-        self, lines: Sequence[str], search: SearchConfig | None = None, *, progress: bool = False
+        self,
+        lines: Sequence[str],
+        search: SearchConfig | None = None,
+        *,
+        prefixes: Sequence[str] | None = None,
+        constraints: Sequence[Sequence[str]] | None = None,
+        alignments: bool = False,
+        progress: bool = False,
     ) -> list[Translation]:
         """Each line's :class:`Translation` (text, score and the ``search.nbest`` best), in order.
 
-        ``search`` overrides the translator's default for this call (e.g. per request).
+        ``search`` overrides the translator's default for this call (e.g. per request);
+        ``prefixes`` (one per line, ``""`` for none) start the outputs, ``constraints`` (phrases
+        per line) must appear in them; ``alignments`` adds each hypothesis' word alignment.
         """
-        nbest_lists = self.decode_ids(self.encode(lines), search, progress=progress)
+        src_ids = self.encode(lines)
+        steer = self.steering(len(lines), prefixes, constraints)
+        nbest_lists = self.decode_ids(src_ids, search, steer=steer, progress=progress)
         flat = [h for hyps in nbest_lists for h in hyps]
         texts = iter(self.tokenizer.decode_hypotheses([h.tokens for h in flat]))
+        links = iter(
+            self.align([s for s, hyps in zip(src_ids, nbest_lists) for _ in hyps],
+                       [h.tokens for h in flat])
+            if alignments else [None] * len(flat)
+        )  # fmt: skip
         vocab = self.tokenizer.tgt
         return [
             Translation(
                 line,
                 [
-                    Candidate(next(texts), h.score, [vocab.id_to_token(t) for t in h.tokens])
+                    Candidate(
+                        next(texts), h.score, [vocab.id_to_token(t) for t in h.tokens], next(links)
+                    )
                     for h in hyps
                 ],
             )
             for line, hyps in zip(lines, nbest_lists)
         ]
+
+    def steering(
+        self,
+        count: int,
+        prefixes: Sequence[str] | None = None,
+        constraints: Sequence[Sequence[str]] | None = None,
+    ) -> Steering | None:
+        """Target prefixes and constraint phrases of ``count`` lines as ids (checked).
+
+        A prefix is encoded as the output's start; a phrase with a leading space, as it
+        stands inside a sentence (at the start of an output the space is stripped).
+
+        Raises:
+            ValueError: not one entry per line, an empty phrase, or more target tokens than
+                the model can generate.
+        """
+        if prefixes is None and constraints is None:
+            return None
+        room = self.model_max_len - 2  # <bos>, <eos>
+        tok = self.tokenizer
+        prefix_ids = None
+        if prefixes is not None:
+            _check_count("prefixes", prefixes, count)
+            prefix_ids = tok.encode_tgt_batch([p.strip() for p in prefixes])
+        constraint_ids = None
+        if constraints is not None:
+            _check_count("constraints", constraints, count)
+            constraint_ids = [_phrase_ids(tok, phrases, n) for n, phrases in enumerate(constraints)]
+        for n in range(count):
+            used = len(prefix_ids[n]) if prefix_ids else 0
+            used += sum(map(len, constraint_ids[n])) if constraint_ids else 0
+            if used > room:
+                raise ValueError(
+                    f"line {n + 1}: its prefix and constraints have {used} target tokens, more "
+                    f"than the {room} an output of this model can hold; shorten them"
+                )
+        return Steering(prefix_ids, constraint_ids)
+
+    @torch.no_grad()
+    def align(
+        self, sources: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]
+    ) -> list[list[tuple[int, int]]]:
+        """The word alignment (Pharaoh pairs) of each output to its source, from the first
+        model's cross-attention (:mod:`~transformer_mt.inference.alignment`), whatever engine
+        decoded it."""
+        model, tok = self.loaded.model, self.tokenizer
+        found: dict[int, list[tuple[int, int]]] = {}
+        for batch in self.batches(sources, outputs):
+            src, tgt = batch["src"].to(self.device), batch["tgt"].to(self.device)
+            weights = cross_attention(model, src, tgt[:, :-1])  # (B, T, S)
+            for b, index in enumerate(batch["index"].tolist()):
+                src_words = piece_words([tok.src.id_to_token(i) for i in sources[index]])
+                out_words = piece_words([tok.tgt.id_to_token(i) for i in outputs[index]])
+                found[index] = word_alignment(weights[b], src_words, out_words)
+        return [found[i] for i in range(len(sources))]
 
     def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
         """One translation per line, in order; never a line break inside a translation."""
