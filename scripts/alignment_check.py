@@ -70,54 +70,125 @@ def score(links: list[list[tuple[int, int]]], gold: list[list[tuple[int, int]]])
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ckpt", required=True)
-    parser.add_argument("--sentences", type=int, default=500)
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--json", type=Path, help="write the table here as JSON")
-    args = parser.parse_args(argv)
-    loaded = load_model(args.ckpt, "cpu")
+def our_links(loaded, src: list[str], tgt: list[str], layer: int, shift: int) -> list[list]:
+    """The checkpoint's alignment of each source line to its reference (teacher-forced)."""
+    translator, tok = Translator(loaded), loaded.tokenizer
+    src_ids, tgt_ids = translator.encode(src), tok.encode_tgt_batch(tgt)
+    links: dict[int, list[tuple[int, int]]] = {}
+    for batch in translator.batches(src_ids, tgt_ids):
+        weights = cross_attention(loaded.model, batch["src"], batch["tgt"][:, :-1], layer)
+        for b, index in enumerate(batch["index"].tolist()):
+            links[index] = word_alignment(
+                weights[b],
+                piece_words([tok.src.id_to_token(i) for i in src_ids[index]]),
+                piece_words([tok.tgt.id_to_token(i) for i in tgt_ids[index]]),
+                shift,
+            )
+    return [links[i] for i in range(len(src))]
+
+
+def numbers_check(loaded, args: argparse.Namespace) -> tuple[str, list[dict]]:
     if loaded.src_lang != "en" or loaded.tgt_lang not in ("de", "fr"):
-        print(
+        raise SystemExit(
             f"error: {args.ckpt} translates {loaded.src_lang}->{loaded.tgt_lang}; give an "
-            "en->de or en->fr number-task checkpoint",
-            file=sys.stderr,
+            "en->de or en->fr number-task checkpoint"
         )
-        return 2
     numbers = list(range(1, args.sentences + 1))
     src, tgt = number_sentences(numbers, "en", loaded.tgt_lang, seed=args.seed)
     words = lexicon(loaded.tgt_lang)
     gold = [anchors(s, t, words) for s, t in zip(src, tgt)]
-    translator = Translator(loaded)
-    tok = loaded.tokenizer
-    src_ids, tgt_ids = translator.encode(src), tok.encode_tgt_batch(tgt)
+    rows = [
+        {"layer": layer, "shift": shift, **score(our_links(loaded, src, tgt, layer, shift), gold)}
+        for layer in range(len(loaded.model.decoder.layers))
+        for shift in (0, 1)
+    ]
+    return f"number task, {len(src)} generated sentences, seed {args.seed}", rows
+
+
+def multi30k_check(loaded, args: argparse.Namespace) -> tuple[str, list[dict]]:
+    """Agreement with eflomal (pip install eflomal) on a Multi30k split's references.
+
+    eflomal aligns the training set and the split together (lowercased words); its two
+    directions' intersection is the sure set S, their union the possible set P. Ours is
+    scored by precision against P, recall against S and the alignment error rate
+    AER = 1 - (|A & S| + |A & P|) / (|A| + |S|) (Och & Ney 2003).
+    """
+    import gzip
+    import tempfile
+
+    try:
+        import eflomal
+    except ImportError:
+        raise SystemExit("error: the Multi30k check needs eflomal; pip install eflomal") from None
+    data = Path(args.multi30k)
+    s, t = loaded.src_lang, loaded.tgt_lang
+
+    def read(name: str) -> list[str]:
+        with gzip.open(data / name, "rt", encoding="utf-8") as handle:
+            return [line.rstrip("\n") for line in handle]
+
+    src, tgt = read(f"{args.split}.{s}.gz"), read(f"{args.split}.{t}.gz")
+    train_src, train_tgt = read(f"train.{s}.gz"), read(f"train.{t}.gz")
+    with tempfile.TemporaryDirectory() as tmp:
+        fwd, rev = Path(tmp) / "fwd", Path(tmp) / "rev"
+        eflomal.Aligner().align(
+            [line.lower() for line in [*train_src, *src]],
+            [line.lower() for line in [*train_tgt, *tgt]],
+            links_filename_fwd=str(fwd),
+            links_filename_rev=str(rev),
+        )
+        keep = slice(len(train_src), None)
+        forward = [_pairs(line) for line in fwd.read_text().splitlines()[keep]]
+        reverse = [_pairs(line) for line in rev.read_text().splitlines()[keep]]
     rows = []
     for layer in range(len(loaded.model.decoder.layers)):
         for shift in (0, 1):
-            links: dict[int, list[tuple[int, int]]] = {}
-            for batch in translator.batches(src_ids, tgt_ids):
-                weights = cross_attention(loaded.model, batch["src"], batch["tgt"][:, :-1], layer)
-                for b, index in enumerate(batch["index"].tolist()):
-                    links[index] = word_alignment(
-                        weights[b],
-                        piece_words([tok.src.id_to_token(i) for i in src_ids[index]]),
-                        piece_words([tok.tgt.id_to_token(i) for i in tgt_ids[index]]),
-                        shift,
-                    )
-            found = [links[i] for i in range(len(src))]
-            rows.append({"layer": layer, "shift": shift, **score(found, gold)})
-    print(
-        f"{args.ckpt} ({platform.processor() or platform.machine()}), "
-        f"{len(src)} sentences, seed {args.seed}"
-    )
-    print("| decoder layer | query position | anchors | recall % | precision % |")
-    print("|---|---|---|---|---|")
+            ours = our_links(loaded, src, tgt, layer, shift)
+            rows.append({"layer": layer, "shift": shift, **aer(ours, forward, reverse)})
+    return f"Multi30k {args.split} {s}-{t} references, {len(src)} sentences, vs eflomal", rows
+
+
+def _pairs(line: str) -> set[tuple[int, int]]:
+    return {tuple(map(int, p.split("-"))) for p in line.split()}
+
+
+def aer(ours: list, forward: list, reverse: list) -> dict:
+    a_total = s_total = a_s = a_p = 0
+    for mine, f, r in zip(ours, forward, reverse):
+        a, sure, possible = set(mine), f & r, f | r
+        a_total, s_total = a_total + len(a), s_total + len(sure)
+        a_s, a_p = a_s + len(a & sure), a_p + len(a & possible)
+    return {
+        "links": a_total,
+        "precision": round(100 * a_p / max(a_total, 1), 2),
+        "recall": round(100 * a_s / max(s_total, 1), 2),
+        "aer": round(100 * (1 - (a_s + a_p) / max(a_total + s_total, 1)), 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("check", choices=("numbers", "multi30k"))
+    parser.add_argument("--ckpt", required=True)
+    parser.add_argument("--sentences", type=int, default=500, help="numbers: sentences")
+    parser.add_argument("--seed", type=int, default=7, help="numbers: generator seed")
+    parser.add_argument("--multi30k", default="../shared/data/multi30k", help="raw Multi30k dir")
+    parser.add_argument("--split", default="test_2016_flickr", help="multi30k: the split")
+    parser.add_argument("--json", type=Path, help="write the table here as JSON")
+    args = parser.parse_args(argv)
+    loaded = load_model(args.ckpt, "cpu")
+    check = numbers_check if args.check == "numbers" else multi30k_check
+    title, rows = check(loaded, args)
+    print(f"{args.ckpt}: {title}; {platform.processor() or platform.machine()}")
+    columns = [k for k in rows[0] if k not in ("layer", "shift")]
+    print("| decoder layer | query position | " + " | ".join(columns) + " |")
+    print("|---|---|" + "---|" * len(columns))
     for r in rows:
-        where = "after the piece (its input)" if r["shift"] else "predicting it"
-        print(f"| {r['layer']} | {where} | {r['anchors']} | {r['recall']} | {r['precision']} |")
+        where = "where it is the input" if r["shift"] else "predicting it"
+        values = " | ".join(str(r[c]) for c in columns)
+        print(f"| {r['layer']} | {where} | {values} |")
     if args.json:
-        args.json.write_text(json.dumps({"ckpt": args.ckpt, "rows": rows}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"ckpt": args.ckpt, "check": title, "rows": rows}) + "\n")
     return 0
 
 

@@ -351,7 +351,7 @@ def test_the_cards_snippet_translates_as_we_do(beam_export, capsys) -> None:
     """The card's code, run as printed on the installed transformers: our stored decoding."""
     beam_ckpt, hf = beam_export
     card = (hf / "README.md").read_text()
-    (code,) = re.findall(r"```python\n(.*?)```", card, flags=re.S)
+    code, _steering = re.findall(r"```python\n(.*?)```", card, flags=re.S)
     texts = sources(6)
     code = code.replace('"path/to/this/directory"', repr(str(hf)))
     code = code.replace('["A man in an orange hat."]', repr(texts))
@@ -360,6 +360,37 @@ def test_the_cards_snippet_translates_as_we_do(beam_export, capsys) -> None:
     printed = ast.literal_eval(capsys.readouterr().out.strip())
     assert printed == Translator(load_model(beam_ckpt)).translate(texts)
     assert "num_beams=5, early_stopping=True, length_penalty=0.0" in code
+
+
+def _card_code(card: str, directory: Path, texts: list[str]) -> str:
+    """The card's Python snippets, one program, pointed at ``directory`` and ``texts``."""
+    code = "\n".join(re.findall(r"```python\n(.*?)```", card, flags=re.S))
+    code = code.replace('"path/to/this/directory"', repr(str(directory)))
+    return code.replace('["A man in an orange hat."]', repr(texts))
+
+
+def test_the_cards_steering_snippet_samples_and_forces_a_prefix(beam_export, capsys) -> None:
+    """Sampling gives two outputs per source and the forced start begins the output."""
+    card = (beam_export[1] / "README.md").read_text()
+    texts = sources(2)
+    capsys.readouterr()
+    exec(compile(_card_code(card, beam_export[1], texts), "README.md", "exec"), {})
+    printed = [ast.literal_eval(line) for line in capsys.readouterr().out.strip().splitlines()]
+    plain, samples, forced = printed
+    assert len(plain) == 2 and len(samples) == 4
+    assert forced[0].startswith("Ein Mann")
+
+
+def test_the_ctranslate2_cards_snippet_translates_as_we_do(hf_dir, ckpt, tmp_path, capsys):
+    """The CTranslate2 card's code, run as printed: our greedy translations."""
+    pytest.importorskip("ctranslate2", reason="needs the export extra")
+    ct2 = export_ctranslate2(hf_dir, tmp_path / "ct2")
+    texts = sources(4)
+    capsys.readouterr()
+    exec(compile(_card_code((ct2 / "README.md").read_text(), ct2, texts), "card", "exec"), {})
+    printed = ast.literal_eval(capsys.readouterr().out.strip())
+    ours = Translator(load_model(ckpt), SearchConfig(max_len_a=0, max_len_b=CAP))
+    assert printed == ours.translate(texts)
 
 
 def test_card_names_the_licence_and_the_recorded_validation_bleu(beam_export) -> None:

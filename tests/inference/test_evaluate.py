@@ -200,3 +200,34 @@ def test_a_decoding_sweep_ranks_settings_and_its_best_is_reused(
     assert decoding_from(args.decoding_from)["beam_size"] == best.decoding.beam_size
     with pytest.raises(FileNotFoundError, match=r"best_decoding\.yaml of a decoding sweep"):
         decoding_from(tmp_path / "nothing.yaml")
+
+
+def test_steered_evaluation_samples_forces_constrains_and_aligns(
+    tiny_run_dir: Path, tmp_path: Path
+) -> None:
+    """decoding.sampling_* sample, prefix_file and constraints_file steer each test sentence,
+    alignments=true writes one Pharaoh line per sentence."""
+    ckpt = f"ckpt_path={best_checkpoint(tiny_run_dir)}"
+    sampled = [
+        evaluate(tmp_path / f"s{i}", ckpt, "decoding.sampling_topk=10", f"decoding.seed={seed}")
+        for i, seed in enumerate((5, 5, 6))
+    ]
+    texts = [Path(r["hypotheses_path"]).read_text(encoding="utf-8") for r in sampled]
+    assert texts[0] == texts[1] != texts[2]
+    assert (
+        sampled[0]["decoding"]["sampling_topk"] == 10 and sampled[0]["decoding"]["beam_size"] == 1
+    )
+    n = sampled[0]["n_sentences"]
+    prefix_file, constraints_file = tmp_path / "prefixes.txt", tmp_path / "constraints.jsonl"
+    prefix_file.write_text("Ich\n" * n, encoding="utf-8")
+    constraints_file.write_text('["Katzen"]\n' * n, encoding="utf-8")
+    results = evaluate(
+        tmp_path / "steer", ckpt, f"prefix_file={prefix_file}",
+        f"constraints_file={constraints_file}", "decoding.beam_size=3", "alignments=true",
+    )  # fmt: skip
+    hyps = Path(results["hypotheses_path"]).read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == n and all(h.startswith("Ich") and "Katzen" in h for h in hyps)
+    links = Path(results["alignments_path"]).read_text(encoding="utf-8").splitlines()
+    assert len(links) == n
+    for line, hyp in zip(links, hyps):
+        assert sorted(int(p.split("-")[1]) for p in line.split()) == list(range(len(hyp.split())))

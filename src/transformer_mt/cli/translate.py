@@ -98,6 +98,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the K best hypotheses of each line (K <= beam size; with sampling, K "
         "samples) as index<TAB>rank<TAB>score<TAB>translation lines (index from 0, rank from 1)",
     )
+    parser.add_argument(
+        "--format",
+        choices=("text", "jsonl"),
+        default="text",
+        help='jsonl: one {"index", "source", "hypotheses": [{"text", "score", "tokens"}]} '
+        "object per input line (with --alignments, an 'alignment' in each hypothesis)",
+    )
+    parser.add_argument(
+        "--buffer-size",
+        type=int,
+        default=10000,
+        help="lines read, sorted and translated at a time (default 10000)",
+    )
+    add_errors_argument(parser)
+    add_steering_arguments(parser)
+    return parser
+
+
+def add_steering_arguments(parser: argparse.ArgumentParser) -> None:
+    """Sampling, a forced start, required phrases and word alignments."""
     steer = parser.add_argument_group(
         "steering", "sampling, a forced start and required phrases (docs/evaluation.md)"
     )
@@ -127,21 +147,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="add each output's word alignment to its source (Pharaoh i-j pairs): a TAB "
         "column in text, an 'alignment' field in jsonl",
     )  # fmt: skip
-    parser.add_argument(
-        "--format",
-        choices=("text", "jsonl"),
-        default="text",
-        help='jsonl: one {"index", "source", "hypotheses": [{"text", "score", "tokens"}]} '
-        "object per input line (with --alignments, an 'alignment' in each hypothesis)",
-    )
-    parser.add_argument(
-        "--buffer-size",
-        type=int,
-        default=10000,
-        help="lines read, sorted and translated at a time (default 10000)",
-    )
-    add_errors_argument(parser)
-    return parser
 
 
 def _open_input(name: str) -> BinaryIO:

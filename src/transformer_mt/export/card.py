@@ -183,7 +183,43 @@ def huggingface_usage(search: Any) -> list[str]:
         "`truncation=True` cuts sources at the tokenizer's `model_max_length`, where "
         "transformer-mt's translator cuts them.",
         "",
+        *STEERING_USAGE,
     ]
+
+
+#: How to steer ``generate`` as ``transformer-mt-translate`` steers our search (run after the
+#: first snippet; tests/export runs it).
+STEERING_USAGE = [
+    "### Steering the output",
+    "",
+    "```python",
+    "import torch",
+    "",
+    "# Sampling (transformer-mt-translate --sampling-topk 20 --temperature 1.5 --nbest 2)",
+    "torch.manual_seed(3)",
+    "samples = model.generate(**batch, max_new_tokens=cap, do_sample=True, top_k=20,",
+    "                         temperature=1.5, num_return_sequences=2)",
+    "print(tokenizer.batch_decode(samples, skip_special_tokens=True))",
+    "",
+    "# A forced start (--prefix-file): the decoder's input begins with it",
+    'prefix = tokenizer(text_target=["Ein Mann"], add_special_tokens=False).input_ids[0]',
+    "start = torch.tensor([[model.generation_config.decoder_start_token_id, *prefix]])",
+    "one = tokenizer(sources[:1], return_tensors='pt')",
+    "out = model.generate(**one, decoder_input_ids=start, max_new_tokens=cap)",
+    "print(tokenizer.batch_decode(out, skip_special_tokens=True))",
+    "```",
+    "",
+    "transformer-mt seeds each sentence's samples from the seed and the sentence, so they "
+    "repeat in any batch; `generate` draws from torch's one generator, so its samples change "
+    "with the batch. Word alignments (`--alignments`) come from the last decoder layer's "
+    "cross-attention, averaged over heads, at the step that predicts each word: load the "
+    'model with `attn_implementation="eager"` and pass `output_attentions=True, '
+    "return_dict_in_generate=True` to get `cross_attentions`. Terminology constraints "
+    "(`--constraints-file`) have no built-in counterpart: transformers 5 moved constrained "
+    "beam search (`force_words_ids`) to a Hub repository that `generate` loads with "
+    "`trust_remote_code=True`.",
+    "",
+]
 
 
 def ctranslate2_card(hf_card: str, quantization: str | None) -> str:
@@ -201,14 +237,27 @@ def ctranslate2_card(hf_card: str, quantization: str | None) -> str:
         USE_MARK,
         "",
         "```python",
-        "from transformer_mt.inference.export_ctranslate2 import CTranslate2Translator",
+        "import ctranslate2",
+        "from transformer_mt.data.tokenizer import Tokenizer",
         "",
-        'translator = CTranslate2Translator("path/to/this/directory")',
-        'print(translator.translate(["A man in an orange hat."]))',
+        'MODEL = "path/to/this/directory"',
+        'tokenizer = Tokenizer.load(f"{MODEL}/transformer_mt")',
+        "translator = ctranslate2.Translator(MODEL)",
+        'sources = ["A man in an orange hat."]',
+        "eos = tokenizer.src.id_to_token(tokenizer.eos_id)",
+        "tokens = [[tokenizer.src.id_to_token(i) for i in ids] + [eos]",
+        "          for ids in tokenizer.encode_src_batch(sources)]",
+        "results = translator.translate_batch(tokens, beam_size=1)",
+        "ids = [[tokenizer.tgt.token_to_id(t) for t in r.hypotheses[0]] for r in results]",
+        "print(tokenizer.decode_hypotheses(ids))",
         "```",
         "",
-        "`transformer_mt/` holds the tokenizer; `CTranslate2Translator` applies it, the stored "
-        "decoding and transformer-mt's per-sentence length cap.",
+        "`transformer_mt/` holds the tokenizer, read by the transformer-mt package. "
+        "`transformer-mt-translate --engine ctranslate2 --ct2-model DIR --ckpt CKPT` decodes "
+        "with the stored decoding and transformer-mt's per-sentence length cap; "
+        "`translate_batch` takes `target_prefix=` (a forced start, as `--prefix-file`), "
+        "`sampling_topk=`, `sampling_topp=` and `sampling_temperature=` (as `--sampling-topk` "
+        "... without `--seed`: CTranslate2 seeds its generator per worker thread).",
         "",
         "## Licence",
     ]

@@ -35,6 +35,7 @@ from transformer_mt.files import (
     read_text_lines,
     write_text_atomic,
 )
+from transformer_mt.inference.alignment import pharaoh
 from transformer_mt.inference.decode import Engine, decode, progress_bar
 from transformer_mt.inference.engine import Converter, open_engine
 from transformer_mt.inference.eval_data import (
@@ -46,6 +47,7 @@ from transformer_mt.inference.eval_data import (
 from transformer_mt.inference.metrics import corpus_scores, oracle_choice
 from transformer_mt.inference.search import Hypothesis, SearchConfig
 from transformer_mt.inference.settings import NO_CHECKPOINT, EvalSchema, data_overrides
+from transformer_mt.inference.steer_files import read_steering
 from transformer_mt.inference.translator import Translator, decoding_from
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,11 @@ def output_paths(cfg: EvalSchema) -> tuple[Path, Path]:
     return results_path, hyp_path
 
 
+def alignments_path(cfg: EvalSchema) -> Path:
+    """Where ``alignments=true`` writes the 1-best's word alignments: beside the hypotheses."""
+    return output_paths(cfg)[1].with_name("alignments.txt")
+
+
 def check_paths(cfg: EvalSchema) -> None:
     """Before any work: no output may overwrite or sit inside an input (files.py's rule)."""
     results_path, hyp_path = output_paths(cfg)
@@ -66,11 +73,15 @@ def check_paths(cfg: EvalSchema) -> None:
         ("source_file", cfg.source_file),
         ("reference_file", cfg.reference_file),
         ("engine_model", cfg.engine_model),
+        ("prefix_file", cfg.prefix_file),
+        ("constraints_file", cfg.constraints_file),
     ]
     data_dir = cfg.data.dir
     if data_dir:
         inputs.append(("data.dir", data_dir))
     outputs = [("results_path", results_path), ("hypotheses_path", hyp_path)]
+    if cfg.alignments:
+        outputs.append(("alignments", alignments_path(cfg)))
     check_outputs_apart(outputs, [(what, str(p)) for what, p in inputs if p])
     for what, path in outputs:
         check_output_file(path, what)
@@ -200,6 +211,10 @@ def run(cfg: EvalSchema, *, convert: Converter | None = None) -> dict[str, Any]:
         raise DataMismatchError(
             f"nothing to evaluate: {where} has no lines; pass a file or split with sentences"
         )
+    translator = Translator(
+        loaded, max_tokens=inputs.max_tokens, max_sentences=inputs.max_sentences, engine=engine
+    )
+    _steer(cfg, translator, inputs)
     nbest_lists, elapsed = _timed_decode(
         engine, inputs, search, device=device, progress=cfg.progress
     )
@@ -207,9 +222,41 @@ def run(cfg: EvalSchema, *, convert: Converter | None = None) -> dict[str, Any]:
     results = _results(cfg, loaded, inputs, search, device=device, elapsed=elapsed)
     if inputs.references is not None:
         results.update(_metrics(texts, inputs.references))
+    if cfg.alignments:
+        _write_alignments(cfg, results, translator, inputs.sources, nbest_lists)
     _write_outputs(cfg, results, texts, nbest_lists)
     _print_table(results)
     return results
+
+
+def _steer(cfg: EvalSchema, translator: Translator, inputs: EvalInputs) -> None:
+    """With ``prefix_file``/``constraints_file``, batch the sources with their steering (the
+    translator's batches follow the rule of the split's loader)."""
+    if not (cfg.prefix_file or cfg.constraints_file):
+        return
+    n = len(inputs.sources)
+    prefixes, constraints = read_steering(
+        cfg.prefix_file, cfg.constraints_file, n, errors=cfg.errors,
+        flags=("prefix_file", "constraints_file"),
+    )  # fmt: skip
+    steer = translator.steering(n, prefixes, constraints)
+    inputs.batches = translator.batches(translator.encode(inputs.sources), steer=steer)
+    inputs.info.update(prefix_file=cfg.prefix_file, constraints_file=cfg.constraints_file)
+
+
+def _write_alignments(
+    cfg: EvalSchema,
+    results: dict[str, Any],
+    translator: Translator,
+    sources: list[str],
+    nbest_lists: list[list[Hypothesis]],
+) -> None:
+    """alignments.txt: the 1-best's Pharaoh pairs, a line per sentence."""
+    links = translator.align(translator.encode(sources), [h[0].tokens for h in nbest_lists])
+    path = alignments_path(cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, "".join(pharaoh(pairs) + "\n" for pairs in links))
+    results["alignments_path"] = str(path)
 
 
 def _texts(tokenizer: Any, nbest_lists: list[list[Hypothesis]]) -> list[list[str]]:
@@ -291,6 +338,11 @@ def _write_outputs(
 
 
 def _search_name(search: Any) -> str:
+    if search.sampling:
+        return (
+            f"sampling (top-k {search.sampling_topk or 'all'}, top-p {search.sampling_topp or 1}, "
+            f"temperature {search.temperature}, seed {search.seed})"
+        )
     return "greedy" if search.beam_size == 1 else f"beam {search.beam_size}"
 
 
@@ -303,10 +355,11 @@ def _print_table(results: dict[str, Any]) -> None:
     table.add_row("checkpoint", results["checkpoint"]["path"])
     table.add_row("data", data.get("source_file") or f"{data['split']} ({data['origin']})")
     dec = results["decoding"]
+    search = SearchConfig.from_stored(dec)
     table.add_row(
         "decoding",
-        "greedy"
-        if dec["beam_size"] == 1
+        _search_name(search)
+        if search.beam_size == 1
         else f"beam {dec['beam_size']}, alpha {dec['length_penalty']} "
         f"({dec.get('length_norm', 'gnmt')})",
     )

@@ -585,9 +585,14 @@ class _ConstrainedBeam(_Beam):
         bos_id: int,
         K: int,
         forced: Sequence[int],
+        *,
         constraints: Sequence[Sequence[Sequence[int]]],
+        search: SearchConfig,
     ) -> None:
         super().__init__(src, bos_id, K, forced)
+        self.search = search
+        #: per sentence: no phrases, so it is searched exactly as by the plain beam
+        self.plain = [not c for c in constraints]
         phrases = [tuple(tuple(p) for p in c) for c in constraints]
         self.states = [ConstraintState(phrases[b]) for b in range(src.size(0)) for _ in range(K)]
         #: per sentence: hypotheses that ended at the cap without every phrase
@@ -607,14 +612,16 @@ class _ConstrainedBeam(_Beam):
         for i, found in enumerate(proposals):
             b = int(self.alive[i])
             ranked = sorted(found, key=lambda c: -c[0])
-            complete = [c for c in ranked if self.states[i * K + c[1]].advance(c[2]).finished]
-            for score, k, token in ranked[:K] if capped[i] else complete[:K]:
+            # A sentence without phrases finishes as in the plain beam: its top K only.
+            for score, k, token in ranked[:K] if self.plain[b] else ranked:
                 if token == eos_id:
                     hyp = [*self.prefix[i * K + k, 1:].tolist(), eos_id]
                     entry = (score / _divisor(length - self.forced[b], search), hyp)
                     done = self.states[i * K + k].finished
                     target = self.finished[b] if done else self.fallback[b]
-                    if len(target) < K:
+                    if not self.plain[b]:
+                        _keep_best(target, entry, K)
+                    elif len(target) < K:
                         target.append(entry)
             live = [
                 Candidate(score, k, token, self.states[i * K + k].advance(token))
@@ -654,6 +661,25 @@ class _ConstrainedBeam(_Beam):
             found[r // K][(r % K, t)] = s
         return [[(s, k, t) for (k, t), s in cands.items() if math.isfinite(s)] for cands in found]
 
+    def done(self, at_cap: Tensor) -> Tensor:
+        """Live sentences at their cap, or with K finished hypotheses none of whose live beams
+        could still rank above (its score so far, normalised as if it ended now, is below the
+        K-th finished one: Hugging Face's ``early_stopping=False`` rule).
+
+        Stopping at the first K finished, as the plain beam does, would keep the hypotheses
+        that end right after their last phrase and lose the fluent ones still being built.
+        """
+        K, length = self.K, self.prefix.size(1)
+        out = []
+        for i, b in enumerate(self.alive.tolist()):
+            finished = self.finished[b]
+            if len(finished) < K or self.plain[b]:
+                out.append(len(finished) >= K)
+                continue
+            best_live = float(self.scores[i].max()) / _divisor(length - self.forced[b], self.search)
+            out.append(best_live < min(score for score, _ in finished))
+        return torch.tensor(out, dtype=torch.bool, device=self.device) | at_cap
+
     def keep(self, keep: Tensor) -> Tensor:
         rows = super().keep(keep)
         self.states = [self.states[r] for r in rows.tolist()]
@@ -676,6 +702,13 @@ class _ConstrainedBeam(_Beam):
                 hyps.extend(self.fallback[b])
         self.alive = self.alive[:0]  # the live beams are in `finished` now
         return super().results(search, eos_id)
+
+
+def _keep_best(hyps: list[tuple[float, list[int]]], entry: tuple[float, list[int]], K: int) -> None:
+    """Add ``entry`` to ``hyps``, keeping the K best (in place)."""
+    hyps.append(entry)
+    if len(hyps) > K:
+        hyps.remove(min(hyps, key=lambda h: h[0]))
 
 
 def _strip_eos(seq: list[int], eos_id: int) -> list[int]:
@@ -722,7 +755,9 @@ def beam_search(
     beam = (
         _Beam(src, bos_id, K, forcing.lengths)
         if steer.constraints is None
-        else _ConstrainedBeam(src, bos_id, K, forcing.lengths, steer.constraints)
+        else _ConstrainedBeam(
+            src, bos_id, K, forcing.lengths, constraints=steer.constraints, search=search
+        )
     )
     for step in range(int(max_lens.max())):
         lprobs = decoding.log_probs(beam.prefix, step)  # (n*K, V)

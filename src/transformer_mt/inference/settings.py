@@ -83,6 +83,9 @@ class EvalSchema:
     errors: str = "strict"
     decoding_from: str | None = None
     decoding: DecodingOverrides = field(default_factory=DecodingOverrides)
+    prefix_file: str | None = None
+    constraints_file: str | None = None
+    alignments: bool = False
     batch: BatchSettings = field(default_factory=BatchSettings)
     device: str = "auto"
     engine: str = "torch"
