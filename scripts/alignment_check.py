@@ -1,18 +1,22 @@
-"""Measure word alignments on the embedded number task, where the aligned words are known.
+"""Measure word alignments where they can be checked: the number task, and against eflomal.
 
-    python scripts/alignment_check.py --ckpt RUN/checkpoints/last.ckpt [--sentences 500]
+    python scripts/alignment_check.py numbers --ckpt RUN/checkpoints/last.ckpt [--sentences 500]
+    python scripts/alignment_check.py multi30k --ckpt CKPT [--split test_2016_flickr]
 
-The number task's names, nouns, places and days have one known translation each (Anna -> Anna,
-apples -> Äpfel, garden -> Garten, Monday -> Montag). For generated sentence pairs, every such
-word that appears once on each side is an anchor ``(i, j)``. The checkpoint's alignment of the
-source to the reference (a teacher-forced pass, :mod:`transformer_mt.inference.alignment`) is
-scored for every decoder layer and both readings of the query position:
+``numbers``: the number task's names, nouns, places and days have one known translation each
+(Anna -> Anna, apples -> Äpfel, garden -> Garten, Monday -> Montag). For generated sentence
+pairs, every such word that appears once on each side is an anchor ``(i, j)``; the checkpoint
+(an en->de or en->fr number-task model, e.g. ``python train.py`` with the defaults) is scored by
+recall (the share of anchors linked) and precision (of the links from an anchor's output word,
+the share that point to its source word).
 
-- recall: the share of anchors linked;
-- precision: of the links from an anchor's output word, the share that point to its source word.
+``multi30k``: Multi30k has no gold alignment, so ours is compared with eflomal's (Östling &
+Tiedemann 2016; ``pip install eflomal``) on the split's references: precision, recall and AER
+against eflomal's two directions (see :func:`multi30k_check`).
 
-Prints a table and writes JSON (``--json``). The checkpoint must be an en->de (or en->fr)
-number-task model, e.g. ``python train.py`` with the defaults.
+Both align each source line to its reference (a teacher-forced pass,
+:mod:`transformer_mt.inference.alignment`), for every decoder layer and both readings of the
+query position; they print a table and write JSON (``--json``).
 """
 
 from __future__ import annotations

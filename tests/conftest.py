@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -295,3 +296,45 @@ def mounted_tmpfs(mount: Path, size: str):
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def source_tensor(tokenizer, texts: list[str]) -> torch.Tensor:
+    """Source rows as training builds them (``ids + <eos>``, padded)."""
+    rows = tokenizer.encode_batch(texts, add_special_tokens=True)
+    src = torch.full((len(rows), max(map(len, rows))), tokenizer.pad_id, dtype=torch.long)
+    for i, row in enumerate(rows):
+        src[i, : len(row)] = torch.tensor(row)
+    return src
+
+
+def train_copy_model(steps: int = 150) -> tuple[Any, Transformer]:
+    """A tiny post-LN model trained for a few seconds to copy number sentences.
+
+    Copying is learned in a few hundred updates, unlike translation: the model then ends its
+    outputs with <eos> near the source length, so search runs as on a real model (beams that
+    finish at different steps, no run to the length cap).
+    """
+    from transformer_mt.data.numbers import number_sentences
+    from transformer_mt.data.tokenizer import Tokenizer
+
+    generator = torch.Generator().manual_seed(0)
+    en, de = number_sentences(list(range(3, 1500, 3)), "en", "de", seed=0)
+    tokenizer = Tokenizer.train([en], [de], vocab_size=400, src_lang="en", tgt_lang="de")
+    ids = tokenizer.encode_batch(en)
+    v = tokenizer.vocab_size
+    config = ModelConfig(v, v, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=1,
+                         n_decoder_layers=1, dropout=0.0, max_len=80)  # fmt: skip
+    model = Transformer(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    for _ in range(steps):
+        batch = [en[i] for i in torch.randint(0, len(ids), (32,), generator=generator).tolist()]
+        src = source_tensor(tokenizer, batch)
+        tgt = torch.cat([torch.ones_like(src[:, :1]), src], dim=1)  # <bos> + ids + <eos>
+        logits = model(src, tgt[:, :-1])
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, v), tgt[:, 1:].reshape(-1), ignore_index=tokenizer.pad_id
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return tokenizer, model.eval()

@@ -211,7 +211,7 @@ STEERING_USAGE = [
     "",
     "transformer-mt seeds each sentence's samples from the seed and the sentence, so they "
     "repeat in any batch; `generate` draws from torch's one generator, so its samples change "
-    "with the batch. Word alignments (`--alignments`) come from the last decoder layer's "
+    "with the batch. Word alignments (`--alignments`) come from the second-to-last decoder layer's "
     "cross-attention, averaged over heads, at the step that predicts each word: load the "
     'model with `attn_implementation="eager"` and pass `output_attentions=True, '
     "return_dict_in_generate=True` to get `cross_attentions`. Terminology constraints "

@@ -10,8 +10,8 @@ it weighs most (one link per output word, as a markup transfer needs).
 
 An output piece is read at the decoder position that predicts it (:data:`ALIGNMENT_SHIFT`).
 The layer and the position were chosen on the embedded number task, whose names, nouns,
-places and days have known translations (``scripts/alignment_check.py``; docs/evaluation.md,
-"Word alignments"). With a cached decoder the weights are the same as a teacher-forced pass's,
+places and days have known translations, and by agreement with eflomal on Multi30k
+(``scripts/alignment_check.py``; docs/evaluation.md, "Word alignments"). With a cached decoder the weights are the same as a teacher-forced pass's,
 so the pass gives the alignment of the search's own attention.
 """
 
@@ -27,8 +27,9 @@ from torch import Tensor
 from transformer_mt.model.attention import record_attention_weights
 from transformer_mt.model.transformer import Transformer
 
-#: The decoder layer whose cross-attention aligns (negative: counted from the last).
-ALIGNMENT_LAYER = -1
+#: The decoder layer whose cross-attention aligns (negative: counted from the last): the
+#: second-to-last, or the only one of a one-layer decoder.
+ALIGNMENT_LAYER = -2
 #: Output piece ``t`` is read at decoder position ``t + ALIGNMENT_SHIFT`` (0: the query that
 #: predicts it; 1: the one where it is the input).
 ALIGNMENT_SHIFT = 0
@@ -78,7 +79,8 @@ def cross_attention(
 ) -> Tensor:
     """The head-averaged cross-attention of decoder layer ``layer``, ``(B, T, S)``, of a
     teacher-forced pass over ``src (B, S)`` and ``tgt_in (B, T)`` (``<bos>`` + output)."""
-    index = range(len(model.decoder.layers))[layer]
+    n = len(model.decoder.layers)
+    index = range(n)[layer] if -n <= layer < n else (0 if layer < 0 else n - 1)
     with torch.no_grad(), record_attention_weights(model) as records:
         model(src, tgt_in)
     return records[f"decoder.layers.{index}.cross_attn"][0].float().mean(dim=1)
