@@ -541,3 +541,37 @@ def test_translate_nbest_with_ctranslate2_writes_the_torch_list(
         assert mine["hypotheses"][0]["text"] == theirs["hypotheses"][0]["text"]
         top, other = mine["hypotheses"][0], theirs["hypotheses"][0]
         assert abs(top["score"] - other["score"]) / (len(top["tokens"]) + 1) < 1e-3
+
+
+def test_ctranslate2_continues_a_prefix_as_ours_and_refuses_what_it_cannot(
+    ct2_dir: Path, ckpt: Path
+) -> None:
+    """A forced start gives the same continuation and score in both engines; CTranslate2
+    samples without a seed, and refuses a seed and constraints with one line each."""
+    from transformer_mt.errors import SettingError
+    from transformer_mt.inference.ctranslate2_engine import CTranslate2Engine
+
+    ours, texts = load_model(ckpt), sources(6)
+    engine = CTranslate2Engine(ct2_dir, threads=1)
+    prefixes = [" ".join(t.split()[:2]) for t in texts[:3]] + ["", "I", "There are"]
+    cap = dict(max_len_a=0.0, max_len_b=CAP)  # outputs end before it (scores differ at a cap)
+    for search in (
+        SearchConfig(length_penalty=0.0, **cap),
+        SearchConfig(beam_size=4, nbest=2, length_penalty=0.0, **cap),
+    ):
+        mine = Translator(ours, search).translate_batch(texts, prefixes=prefixes)
+        theirs = Translator(ours, search, engine=engine).translate_batch(texts, prefixes=prefixes)
+        assert [t.text for t in mine] == [t.text for t in theirs]
+        assert all(t.text.startswith(p) for t, p in zip(theirs, prefixes))
+        ended = [(x, y) for x, y in zip(mine, theirs) if len(x.hypotheses[0].tokens) + 1 < CAP]
+        assert len(ended) >= 3
+        for x, y in ended:
+            assert abs(x.score - y.score) < 1e-3 * (len(x.hypotheses[0].tokens) + 1)
+    sampler = Translator(ours, SearchConfig(sampling_topk=5, nbest=3), engine=engine)
+    assert [len(t.hypotheses) for t in sampler.translate_batch(texts)] == [3] * 6
+    for search, steer in (
+        (SearchConfig(sampling_topk=5, seed=1), {}),
+        (SearchConfig(beam_size=4), {"constraints": [["Anna"]] * 6}),
+    ):
+        with pytest.raises(SettingError, match="engine=torch"):
+            Translator(ours, search, engine=engine).translate_batch(texts, **steer)
