@@ -223,6 +223,8 @@ def test_attention_is_the_models_own_teacher_forced_pass(client: Any, tiny_ckpt:
 class BlockingModel:
     """A stand-in for ServedModel whose engine calls wait for the test's signal."""
 
+    engine_kind = "fake"
+
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
         self.release = threading.Event()
@@ -231,7 +233,7 @@ class BlockingModel:
     def search(self, **options: Any) -> tuple[tuple[str, Any], ...]:
         return tuple(sorted(options.items()))  # hashable, as the batcher groups by it
 
-    def translate(self, lines: list[str], options: Any) -> list[Translation]:
+    def translate(self, lines: list[str], search: Any, **steer: Any) -> list[Translation]:
         self.calls.append(list(lines))
         self.entered.set()
         assert self.release.wait(30), "the test never released the engine"
@@ -309,7 +311,7 @@ def test_a_disconnected_client_does_not_block_the_queue() -> None:
         await loop.run_in_executor(None, model.entered.wait, 30)
         gone = asyncio.Event()
         second = asyncio.ensure_future(request("two", gone))
-        while app.state.service.batcher.pending == 0:  # "two" is queued
+        while app.state.service.batcher.pending == 0 and not second.done():  # "two" is queued
             await asyncio.sleep(0)
         gone.set()
         assert answer(await second)["error"] == "the client closed the connection"

@@ -17,17 +17,20 @@ class Engine:
 
     def __init__(self) -> None:
         self.calls: list[tuple[list[str], Any]] = []
+        self.columns: list[dict[str, list[Any]]] = []  # the per-line columns of each call
         self.holding = threading.Event()
         self.release = threading.Event()
 
-    def __call__(self, lines: list[str], options: Any) -> list[str]:
+    def __call__(self, lines: list[str], options: Any, **columns: list[Any]) -> list[str]:
         self.calls.append((list(lines), options))
+        self.columns.append(columns)
         if "hold" in lines:
             self.holding.set()
             assert self.release.wait(30), "the test never released the engine"
         if "boom" in lines:
             raise RuntimeError("the engine failed")
-        return [f"{line}:{options}" for line in lines]
+        prefixes = columns.get("prefixes", [""] * len(lines))
+        return [f"{prefix}{line}:{options}" for prefix, line in zip(prefixes, lines)]
 
 
 async def held(batcher: Batcher, engine: Engine) -> asyncio.Future:
@@ -168,3 +171,39 @@ def test_a_full_queue_refuses_new_work_and_recovers() -> None:
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="max_tokens >= 1"):
         Batcher(Engine(), max_tokens=0)
+
+
+def test_coalesced_jobs_get_their_own_prefixes_back() -> None:
+    """Jobs with prefixes share a call, their columns joined in line order; a job without the
+    column (which could change how every line decodes) gets a call of its own."""
+    engine = Engine()
+
+    async def scenario() -> None:
+        batcher = Batcher(engine, max_tokens=100, window_s=0)
+        jobs = [
+            batcher.submit(["x", "y"], "a", 2, columns={"prefixes": ["P ", "Q "]}),
+            batcher.submit(["z"], "a", 1),
+            batcher.submit(["w"], "a", 1, columns={"prefixes": ["R "]}),
+            batcher.submit(["v"], "b", 1, columns={"prefixes": ["S "]}),
+        ]
+        results = await asyncio.gather(*jobs)
+        assert results == [["P x:a", "Q y:a"], ["z:a"], ["R w:a"], ["S v:b"]]
+        await batcher.stop()
+
+    run(scenario)
+    assert engine.calls == [(["x", "y", "w"], "a"), (["z"], "a"), (["v"], "b")]
+    assert engine.columns == [{"prefixes": ["P ", "Q ", "R "]}, {}, {"prefixes": ["S "]}]
+
+
+def test_a_column_needs_one_value_per_line() -> None:
+    engine = Engine()
+
+    async def scenario() -> None:
+        batcher = Batcher(engine, max_tokens=100, window_s=0)
+        with pytest.raises(ValueError, match="column 'prefixes' has 1 values for 2 lines"):
+            await batcher.submit(["x", "y"], "a", 2, columns={"prefixes": ["P "]})
+        assert batcher.pending == 0
+        await batcher.stop()
+
+    run(scenario)
+    assert engine.calls == []

@@ -3,14 +3,17 @@ against a real ``transformer-mt-serve`` process on 127.0.0.1.
 
 Type a sentence, press Translate: the translation the API gives appears, the cross-attention
 heatmap of layer 0, head 0 has one row per output piece and one column per source piece, and
-hovering an output piece highlights exactly the source pieces it attends to most. Skips with
-the reason when no browser is installed (``.ci/run`` installs Debian's ``chromium``).
+hovering an output piece highlights exactly the source pieces it attends to most. With a
+prefix typed, the output starts with it, and hovering a word of the output (or of the source)
+marks the words the API's alignment links it to. Skips with the reason when no browser is
+installed (``.ci/run`` installs Debian's ``chromium``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -127,6 +130,51 @@ def test_translate_draw_and_hover(server: str, page: Any, tmp_path: Path) -> Non
     page.select_option("#head", "all")
     assert page.locator('table.heatmap[data-kind="cross"]').count() == maps["n_heads"]
     page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
+
+
+def marked(page: Any, selector: str) -> list[int]:
+    return [
+        int(v) for v in page.locator(selector).evaluate_all("els => els.map(e => e.dataset.index)")
+    ]
+
+
+def test_a_prefix_and_word_alignments(server: str, page: Any) -> None:
+    sentence, prefix = LINES[2], "Peter kaufte"
+    body = {"text": [sentence], "prefix": [prefix], "alignments": True}
+    expected = post(f"{server}/translate", body)
+    output = expected["translations"][0]
+    pairs = [tuple(map(int, p.split("-"))) for p in expected["alignments"][0].split()]
+    assert output.startswith(prefix) and pairs
+
+    page.goto(server)
+    page.fill("#source", sentence)
+    page.fill("#prefix", prefix)
+    page.click("#translate")
+    page.locator('table.heatmap[data-kind="cross"]').first.wait_for()
+    assert page.input_value("#output") == output
+    assert page.locator("#alignment").is_visible()
+    assert page.inner_text("#pharaoh") == expected["alignments"][0]
+    # The words the alignment counts: runs between spaces, tabs and line breaks.
+    for side, text in (("src", sentence), ("out", output)):
+        want = re.findall(r"[^ \t\r\n\f\v]+", text)
+        assert page.locator(f".{side}-word").all_inner_texts() == want
+
+    # An output word marks the source word it is aligned to, and a source word its outputs.
+    for j in (0, len(pairs) - 1):
+        page.hover(f'.out-word[data-index="{j}"]')
+        assert marked(page, ".src-word.aligned") == [i for i, jj in pairs if jj == j]
+        assert marked(page, ".out-word.active") == [j]
+    source_word = pairs[0][0]
+    page.hover(f'.src-word[data-index="{source_word}"]')
+    assert marked(page, ".out-word.aligned") == [j for i, j in pairs if i == source_word]
+    assert marked(page, ".src-word.active") == [source_word]
+    assert not marked(page, ".src-word.aligned")
+
+    # An output of the user's own has no alignment: the strips go, the heatmaps stay.
+    page.fill("#output", "Hallo Welt")
+    page.click("#attend")
+    page.locator("#alignment").wait_for(state="hidden")
+    assert page.locator('table.heatmap[data-kind="cross"]').count() >= 1
 
 
 def test_errors_show_on_the_page(page: Any, server: str) -> None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,7 +23,11 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from transformer_mt.errors import SettingError
+from transformer_mt.inference.alignment import pharaoh
+from transformer_mt.inference.ctranslate2_engine import check_ct2_search
 from transformer_mt.inference.search import SearchConfig
+from transformer_mt.inference.translator import Candidate, Translation
 from transformer_mt.serve.batcher import Batcher, QueueFull
 from transformer_mt.serve.limits import Limits
 from transformer_mt.serve.model import ServedModel
@@ -50,12 +56,40 @@ class DecodingFields(BaseModel):
     length_penalty: float | None = Field(
         None, description="alpha of the checkpoint's length normalisation, gnmt or power (>= 0)"
     )
+    sampling_topk: int | None = Field(
+        None,
+        description="sample each token from the K most likely (0 = the whole vocabulary) "
+        "instead of searching; beam_size must be 1",
+    )
+    sampling_topp: float | None = Field(
+        None, description="sample from the most likely tokens whose probability reaches P, (0, 1]"
+    )
+    temperature: float | None = Field(
+        None, description="sampling temperature (> 0; > 1 flattens the distribution)"
+    )
+    seed: int | None = Field(
+        None, description="sampling seed: the same seed and sentence give the same samples"
+    )
 
 
 class TranslateRequest(DecodingFields):
     text: list[str] = Field(description="the sentences to translate, one per item")
     nbest: int | None = Field(
-        None, description="also return the n best hypotheses of each sentence (<= beam_size)"
+        None,
+        description="also return the n best hypotheses of each sentence (<= beam_size; with "
+        "sampling, the samples drawn per sentence)",
+    )
+    prefix: list[str] | None = Field(
+        None,
+        description='one target prefix per text item ("" for none): each output starts with it',
+    )
+    constraints: list[list[str]] | None = Field(
+        None,
+        description="target phrases per text item ([] for none) that each output contains "
+        "(beam search, torch engine)",
+    )
+    alignments: bool = Field(
+        False, description="add each output's word alignment to its source (Pharaoh i-j pairs)"
     )
 
 
@@ -89,8 +123,9 @@ class BodyLimit:
         await self.app(scope, receive, send)
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
-    """The first problem of a request body as one line, and its status."""
+def _validation_message(exc: RequestValidationError, known: Iterable[str]) -> tuple[int, str]:
+    """The first problem of a request body as one line, and its status (``known``: the
+    route's options)."""
     problems = exc.errors()
     first = problems[0] if problems else {}
     kind, where = first.get("type", ""), [str(p) for p in first.get("loc", ()) if p != "body"]
@@ -100,12 +135,37 @@ def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
             'the request body is not valid JSON; send a JSON object such as {"text": ["..."]}',
         )
     if kind == "extra_forbidden":
-        known = ", ".join(TranslateRequest.model_fields)
-        return 422, f"unknown option {'.'.join(where)!r}; the options are {known}"
+        return 422, f"unknown option {'.'.join(where)!r}; the options are {', '.join(known)}"
     if kind == "missing" and where:
         return 422, f'{".".join(where)} is missing; send a JSON object such as {{"text": ["..."]}}'
     place = ".".join(where) or "body"
     return 422, f"{place}: {first.get('msg', 'invalid value')}; see /docs for the request schema"
+
+
+#: The request fields that set sampling, passed to :meth:`ServedModel.search` as they are.
+SAMPLING_FIELDS = ("sampling_topk", "sampling_topp", "temperature", "seed")
+
+
+def _spell(setting: str, value: Any) -> str:
+    """A fix as this service's user writes it: a request field as JSON, anything else as the
+    flag of ``transformer-mt-serve`` (``--engine torch``)."""
+    if setting in TranslateRequest.model_fields:
+        return f'"{setting}": {json.dumps(value)}'
+    return f"transformer-mt-serve --{setting.replace('_', '-')} {value}"
+
+
+def _given(values: list[Any]) -> bool:
+    """A prefix or constraint list that asks for something (not only empty entries)."""
+    return any(v.strip() if isinstance(v, str) else v for v in values)
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """What one engine call decodes with: the search, and whether word alignments come back.
+    Hashable: the batcher gives jobs with equal options (and steering columns) one call."""
+
+    search: SearchConfig
+    alignments: bool = False
 
 
 class Service:
@@ -114,28 +174,119 @@ class Service:
     def __init__(self, model: ServedModel, limits: Limits) -> None:
         self.model, self.limits = model, limits
         self.batcher = Batcher(
-            model.translate,
+            self._run,
             max_tokens=limits.batch_tokens,
             window_s=limits.window_ms / 1000,
             max_pending=limits.max_pending,
         )
 
+    def _run(self, lines: list[str], options: CallOptions, **columns: Any) -> list[Translation]:
+        """The batcher's engine call, on its worker thread; ``columns``: the lines' prefixes
+        and constraints (:meth:`steering`)."""
+        return self.model.translate(lines, options.search, alignments=options.alignments, **columns)
+
     def search(self, request: DecodingFields) -> SearchConfig:
+        """The request's search over the checkpoint's stored one, as ``transformer-mt-translate``
+        builds it from the same flags; beyond the limits, or a combination that cannot work
+        (sampling with a beam, a seed on the ctranslate2 engine), is a 422 naming the fix."""
         beam, alpha = request.beam_size, request.length_penalty
         nbest = getattr(request, "nbest", None)
         if beam is not None and not 1 <= beam <= self.limits.max_beam:
             raise ApiError(422, f"beam_size must be 1..{self.limits.max_beam}, got {beam}")
         if alpha is not None and not 0.0 <= alpha <= 10.0:
             raise ApiError(422, f"length_penalty must be between 0 and 10, got {alpha}")
+        sampling = request.sampling_topk is not None or request.sampling_topp is not None
         if nbest is not None:
-            width = beam if beam is not None else self.model.defaults.beam_size
-            if not 1 <= nbest <= width:
-                raise ApiError(
-                    422, f"nbest must be 1..beam_size ({width}), got {nbest}; ask for a wider beam"
-                )
-        return self.model.search(beam_size=beam, length_penalty=alpha, nbest=nbest)
+            self._check_nbest(nbest, beam, sampling=sampling)
+        sample = {name: getattr(request, name) for name in SAMPLING_FIELDS}
+        try:
+            search = self.model.search(beam_size=beam, length_penalty=alpha, nbest=nbest, **sample)
+            if self.model.engine_kind == "ctranslate2":
+                check_ct2_search(search)
+        except SettingError as err:
+            raise ApiError(422, err.render(_spell)) from None
+        except ValueError as err:
+            raise ApiError(422, str(err)) from None
+        return search
 
-    def check_size(self, texts: list[str]) -> None:
+    def _check_nbest(self, nbest: int, beam: int | None, *, sampling: bool) -> None:
+        """``nbest`` within the beam; with sampling, the samples drawn per sentence, at most
+        ``max_beam`` (the work a beam of that size would cost)."""
+        if sampling:
+            most = self.limits.max_beam
+            if not 1 <= nbest <= most:
+                raise ApiError(
+                    422,
+                    f"nbest (the samples drawn per sentence) must be 1..{most}, got {nbest}; ask "
+                    "for fewer samples",
+                )
+            return
+        width = beam if beam is not None else self.model.defaults.beam_size
+        if not 1 <= nbest <= width:
+            raise ApiError(
+                422, f"nbest must be 1..beam_size ({width}), got {nbest}; ask for a wider beam"
+            )
+
+    def steering(self, body: TranslateRequest, search: SearchConfig) -> dict[str, list[Any]]:
+        """The request's prefixes and constraints as the batcher's per-line columns, checked
+        before any work is queued. A list of empty entries only is left out: the request then
+        decodes (and batches) as one without it."""
+        count = len(body.text)
+        columns: dict[str, list[Any]] = {}
+        for field, name, values, empty in (
+            ("prefix", "prefixes", body.prefix, '""'),
+            ("constraints", "constraints", body.constraints, "[]"),
+        ):
+            if values is None:
+                continue
+            if len(values) != count:
+                raise ApiError(
+                    422,
+                    f"{field} has {len(values)} items but text has {count}; send one per text "
+                    f"item ({empty} where an item has none)",
+                )
+            if _given(values):
+                columns[name] = values
+        constrained = "constraints" in columns
+        self._check_constraints(body.constraints or [], search, constrained=constrained)
+        if not columns:
+            return columns
+        try:
+            self.model.check_steering(count, columns.get("prefixes"), columns.get("constraints"))
+        except ValueError as err:
+            raise ApiError(422, " ".join(str(err).split())) from None
+        return columns
+
+    def _check_constraints(
+        self, constraints: list[list[str]], search: SearchConfig, *, constrained: bool
+    ) -> None:
+        """No empty phrase; and, when the request is ``constrained`` (a phrase on some line),
+        a search that can meet constraints: beam search, on the torch engine."""
+        for i, phrases in enumerate(constraints):
+            for j, phrase in enumerate(phrases):
+                if not phrase.strip():
+                    raise ApiError(
+                        422,
+                        f"constraints.{i}.{j} is an empty phrase; give the words an output must "
+                        'contain, e.g. [["Katzen", "im Garten"]]',
+                    )
+        if not constrained:
+            return
+        if search.sampling:
+            raise ApiError(
+                422,
+                "constraints need beam search, but the request samples; leave out sampling_topk "
+                "and sampling_topp, or the constraints",
+            )
+        if self.model.engine_kind == "ctranslate2":
+            try:
+                check_ct2_search(search, constrained=True)
+            except SettingError as err:
+                raise ApiError(422, err.render(_spell)) from None
+
+    def check_size(self, texts: list[str], steering: Iterable[str] = ()) -> None:
+        """At least one sentence, and no more sentences and characters (``steering``: the
+        prefixes and constraint phrases, counted too) than the limits allow."""
         limits = self.limits
         if not texts:
             raise ApiError(
@@ -147,21 +298,29 @@ class Service:
                 f"{len(texts)} sentences in one request, the service takes at most "
                 f"{limits.max_sentences}; split the request",
             )
-        chars = sum(len(t) for t in texts)
+        chars = sum(len(t) for t in texts) + sum(len(s) for s in steering)
         if chars > limits.max_chars:
             raise ApiError(
                 413,
-                f"{chars} characters in one request, the service takes at most "
-                f"{limits.max_chars}; split the request",
+                f"{chars} characters in one request (prefixes and constraints included), the "
+                f"service takes at most {limits.max_chars}; split the request",
             )
 
     async def translate(
-        self, request: Request, texts: list[str], search: SearchConfig
-    ) -> list[Any]:
-        """Queue ``texts`` with the batcher; give up when the client leaves or time runs out."""
+        self,
+        request: Request,
+        texts: list[str],
+        search: SearchConfig,
+        *,
+        alignments: bool = False,
+        columns: dict[str, list[Any]] | None = None,
+    ) -> list[Translation]:
+        """Queue ``texts`` (and their ``columns``, :meth:`steering`) with the batcher; give up
+        when the client leaves or time runs out."""
         tokens = self.model.source_tokens(texts)
         try:
-            job = self.batcher.submit(texts, search, tokens)
+            options = CallOptions(search, alignments)
+            job = self.batcher.submit(texts, options, tokens, columns=columns)
             return await _until_gone(request, job, self.limits.timeout_s)
         except QueueFull as err:
             raise ApiError(503, str(err)) from None
@@ -230,7 +389,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     async def on_invalid(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return error(*_validation_message(exc))
+        schema = AttentionRequest if request.url.path == "/attention" else TranslateRequest
+        return error(*_validation_message(exc, schema.model_fields))
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
@@ -246,6 +406,26 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, on_bug)
 
 
+def _hypothesis(candidate: Candidate, alignments: bool) -> dict[str, Any]:
+    """One entry of an n-best list, with its alignment when the request asks for them."""
+    found = {"text": candidate.text, "score": candidate.score}
+    return found | ({"alignment": pharaoh(candidate.alignment or [])} if alignments else {})
+
+
+def _answer(results: list[Translation], body: TranslateRequest) -> dict[str, Any]:
+    """The /translate answer: the texts and scores, with the alignments (Pharaoh strings) and
+    the n-best lists when asked."""
+    answer: dict[str, Any] = {
+        "translations": [t.text for t in results],
+        "scores": [t.score for t in results],
+    }
+    if body.alignments:
+        answer["alignments"] = [pharaoh(t.hypotheses[0].alignment or []) for t in results]
+    if body.nbest is not None:
+        answer["nbest"] = [[_hypothesis(h, body.alignments) for h in t.hypotheses] for t in results]
+    return answer
+
+
 def _add_routes(app: FastAPI, service: Service) -> None:
     model = service.model
     info = model.info()
@@ -255,17 +435,13 @@ def _add_routes(app: FastAPI, service: Service) -> None:
     async def translate(body: TranslateRequest, request: Request) -> dict[str, Any]:
         """Translate ``text`` (a list of sentences): one translation per sentence, in order."""
         search = service.search(body)
-        service.check_size(body.text)
-        results = await service.translate(request, body.text, search)
-        answer: dict[str, Any] = {
-            "translations": [t.text for t in results],
-            "scores": [t.score for t in results],
-        }
-        if body.nbest is not None:
-            answer["nbest"] = [
-                [{"text": h.text, "score": h.score} for h in t.hypotheses] for t in results
-            ]
-        return {**answer, "model": brief}
+        phrases = [p for line in body.constraints or () for p in line]
+        service.check_size(body.text, [*(body.prefix or ()), *phrases])
+        columns = service.steering(body, search)
+        results = await service.translate(
+            request, body.text, search, alignments=body.alignments, columns=columns
+        )
+        return {**_answer(results, body), "model": brief}
 
     @app.post("/attention")
     async def attention(body: AttentionRequest, request: Request) -> dict[str, Any]:

@@ -1,11 +1,12 @@
 """Request batching: concurrent requests share engine calls, each caller gets its own lines back.
 
-A request is a :class:`Job` (its lines, its decoding options, its source-token count and a
-future). One asyncio task takes the oldest job, then keeps taking jobs for a short window
-(``window_s``) while the batch stays within the token budget (``max_tokens``); jobs with equal
-options go into one engine call, in arrival order, and the outputs are cut back into one list
-per job. The engine runs in one worker thread, so the event loop keeps accepting requests (and
-filling the next batch) while a batch decodes.
+A request is a :class:`Job` (its lines, its decoding options, its per-line columns such as
+target prefixes, its source-token count and a future). One asyncio task takes the oldest job,
+then keeps taking jobs for a short window (``window_s``) while the batch stays within the token
+budget (``max_tokens``); jobs with equal options and the same column names go into one engine
+call, in arrival order, their lines and columns joined in that order, and the outputs are cut
+back into one list per job. The engine runs in one worker thread, so the event loop keeps
+accepting requests (and filling the next batch) while a batch decodes.
 
 A caller that gives up (a time-out, a disconnected client) cancels its future: a job not yet
 started is dropped before the engine sees it, and the result of one already running is thrown
@@ -17,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import functools
 import logging
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -26,8 +28,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: ``run(lines, options)`` -> one output per line, in order; blocking.
-RunBatch = Callable[[list[str], Any], list[Any]]
+#: ``run(lines, options, **columns)`` -> one output per line, in order; blocking. Each column
+#: (e.g. ``prefixes``) is a list with one value per line.
+RunBatch = Callable[..., list[Any]]
 
 
 class QueueFull(RuntimeError):
@@ -36,12 +39,21 @@ class QueueFull(RuntimeError):
 
 @dataclass(eq=False)
 class Job:
-    """One request: its lines, its options (hashable) and its source tokens."""
+    """One request: its lines, its options (hashable), its source tokens and its per-line
+    columns (name -> one value per line)."""
 
     lines: list[str]
     options: Hashable
     tokens: int
     future: asyncio.Future[list[Any]] = field(repr=False)
+    columns: dict[str, list[Any]] = field(default_factory=dict)
+
+    @property
+    def key(self) -> Hashable:
+        """What a job must share with others to join their engine call: the options and the
+        column names. A column can change how the engine decodes every line (constraints take
+        the constrained beam search), so jobs with and without it never share a call."""
+        return self.options, tuple(sorted(self.columns))
 
 
 class Batcher:
@@ -93,15 +105,30 @@ class Batcher:
             self._queue.popleft().future.cancel()
         self._worker.shutdown(wait=False)
 
-    async def submit(self, lines: list[str], options: Hashable, tokens: int) -> list[Any]:
-        """Queue ``lines`` and wait for their outputs (cancel the awaiting task to give up)."""
+    async def submit(
+        self,
+        lines: list[str],
+        options: Hashable,
+        tokens: int,
+        *,
+        columns: Mapping[str, Sequence[Any]] | None = None,
+    ) -> list[Any]:
+        """Queue ``lines`` (with ``columns``: one value per line each, passed to ``run`` by
+        name) and wait for their outputs (cancel the awaiting task to give up)."""
+        per_line = {name: list(values) for name, values in (columns or {}).items()}
+        for name, values in per_line.items():
+            if len(values) != len(lines):
+                raise ValueError(
+                    f"column {name!r} has {len(values)} values for {len(lines)} lines; give one "
+                    "per line"
+                )
         if self.pending + len(lines) > self.max_pending:
             raise QueueFull(
                 f"{self.pending} sentences are waiting, the service queues at most "
                 f"{self.max_pending}; retry later"
             )
         self.start()
-        job = Job(lines, options, tokens, asyncio.get_running_loop().create_future())
+        job = Job(lines, options, tokens, asyncio.get_running_loop().create_future(), per_line)
         self.pending += len(lines)
         self._queue.append(job)
         self._arrived.set()
@@ -116,9 +143,9 @@ class Batcher:
             jobs = await self._collect()
             groups: dict[Hashable, list[Job]] = {}
             for job in jobs:
-                groups.setdefault(job.options, []).append(job)
-            for options, group in groups.items():
-                await self._run_group(options, group)
+                groups.setdefault(job.key, []).append(job)
+            for group in groups.values():
+                await self._run_group(group)
 
     async def _next(self, timeout: float | None) -> Job | None:
         """The held-over job, else a queued one, waiting at most ``timeout`` (None: forever)."""
@@ -163,14 +190,17 @@ class Batcher:
             tokens += job.tokens
         return jobs
 
-    async def _run_group(self, options: Hashable, jobs: list[Job]) -> None:
+    async def _run_group(self, jobs: list[Job]) -> None:
+        """One engine call over ``jobs`` (equal keys): their lines and columns joined in order."""
         jobs = [job for job in jobs if not job.future.done()]
         if not jobs:
             return
         lines = [line for job in jobs for line in job.lines]
+        columns = {name: [v for job in jobs for v in job.columns[name]] for name in jobs[0].columns}
         self.batches += 1
         try:
-            outputs = await self.call(self.run, lines, options)
+            run = functools.partial(self.run, **columns)
+            outputs = await self.call(run, lines, jobs[0].options)
             if len(outputs) != len(lines):
                 raise RuntimeError(f"the engine returned {len(outputs)} outputs for {len(lines)}")
         except Exception as err:

@@ -110,12 +110,24 @@ class ServedModel:
         beam_size: int | None = None,
         length_penalty: float | None = None,
         nbest: int | None = None,
+        sampling_topk: int | None = None,
+        sampling_topp: float | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
     ) -> SearchConfig:
-        """The search of ``transformer-mt-translate --beam-size B --length-penalty A``;
-        ``None`` keeps the checkpoint's stored value."""
+        """The search of ``transformer-mt-translate`` with the same flags (``--beam-size``,
+        ``--sampling-topk``, ...); ``None`` keeps the checkpoint's stored value, and sampling
+        replaces a stored beam search (:meth:`SearchConfig.from_stored`).
+
+        Raises:
+            SettingError: a combination that cannot work (sampling with a beam, a seed without
+                sampling, top-p outside (0, 1], ...).
+        """
         return SearchConfig.from_stored(
-            self.loaded.decoding, beam_size=beam_size, length_penalty=length_penalty, nbest=nbest
-        )
+            self.loaded.decoding, beam_size=beam_size, length_penalty=length_penalty,
+            nbest=nbest, sampling_topk=sampling_topk, sampling_topp=sampling_topp,
+            temperature=temperature, seed=seed,
+        )  # fmt: skip
 
     def source_tokens(self, lines: list[str]) -> int:
         """Source tokens of ``lines`` (``<eos>`` included, cut as the engine cuts them)."""
@@ -123,11 +135,38 @@ class ServedModel:
         ids = self.tokenizer.encode_src_batch([line.strip() for line in lines])
         return sum((len(s) if limit is None else min(len(s), limit)) + 1 for s in ids)
 
-    def translate(self, lines: list[str], search: SearchConfig) -> list[Translation]:
+    def check_steering(
+        self,
+        count: int,
+        prefixes: Sequence[str] | None = None,
+        constraints: Sequence[Sequence[str]] | None = None,
+    ) -> None:
+        """Refuse prefixes and constraints of ``count`` lines that :meth:`translate` would
+        refuse, before any work is queued (tokenizing them is cheap).
+
+        Raises:
+            ValueError: not one per line, an empty phrase, or more target tokens than an
+                output of the model can hold.
+        """
+        self.translator.steering(count, prefixes, constraints)
+
+    def translate(
+        self,
+        lines: list[str],
+        search: SearchConfig,
+        *,
+        prefixes: Sequence[str] | None = None,
+        constraints: Sequence[Sequence[str]] | None = None,
+        alignments: bool = False,
+    ) -> list[Translation]:
         """One :class:`Translation` (n-best list, scores) per line, in order (blocking: call it
-        from the worker thread)."""
+        from the worker thread). ``prefixes`` start the outputs and ``constraints`` must appear
+        in them (one entry per line), ``alignments`` adds each hypothesis' word alignment: as
+        ``transformer-mt-translate --prefix-file/--constraints-file/--alignments``."""
         self._pin_threads()
-        return self.translator.translate_batch(lines, search)
+        return self.translator.translate_batch(
+            lines, search, prefixes=prefixes, constraints=constraints, alignments=alignments
+        )
 
     def attention(self, source: str, translation: str) -> dict[str, Any]:
         """Every attention weight of a teacher-forced pass over ``source`` -> ``translation``.

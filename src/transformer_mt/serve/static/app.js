@@ -10,7 +10,7 @@ const ATTENDED_SHARE = 0.5;
 // Viridis, sampled at five stops: a perceptually even ramp from 0 (dark) to 1 (bright).
 const RAMP = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 
-const state = { maps: null, activeRow: null };
+const state = { maps: null, activeRow: null, alignment: null };
 
 function color(weight) {
   const x = Math.min(Math.max(weight, 0), 1) * (RAMP.length - 1);
@@ -61,11 +61,61 @@ async function busy(label, work) {
 async function translate() {
   const text = $("source").value.trim();
   if (!text) return showError("Type a sentence to translate.");
+  const prefix = $("prefix").value.trim();
+  const body = { text: [text], alignments: true, ...options() };
+  if (prefix) body.prefix = [prefix];
+  $("alignment").hidden = true;
   await busy("translating…", async () => {
-    const result = await post("/translate", { text: [text], ...options() });
+    const result = await post("/translate", body);
     $("output").value = result.translations[0];
+    showAlignment(text, result.translations[0], result.alignments[0]);
     await attend(text, result.translations[0]);
   });
+}
+
+// Words as the service's alignments count them: runs of characters between spaces, tabs and
+// line breaks.
+function words(text) {
+  return text.split(/[ \t\r\n\f\v]+/).filter((word) => word.length > 0);
+}
+
+// "0-0 1-2" -> [[0, 0], [1, 2]]: pairs of (source word, output word).
+function parsePharaoh(text) {
+  return text ? text.split(" ").map((pair) => pair.split("-").map(Number)) : [];
+}
+
+function showAlignment(source, output, pharaoh) {
+  state.alignment = { output, pairs: parsePharaoh(pharaoh) };
+  const make = (list, side) =>
+    list.map((word, i) => {
+      const span = document.createElement("span");
+      span.className = `token word ${side}-word`;
+      span.textContent = word;
+      span.dataset.index = i;
+      span.addEventListener("mouseenter", () => markAligned(side, i));
+      return span;
+    });
+  $("out-words").replaceChildren(...make(words(output), "out"));
+  $("src-words").replaceChildren(...make(words(source), "src"));
+  $("pharaoh").textContent = pharaoh || "(none)";
+  $("alignment").hidden = false;
+}
+
+// Hovering word `index` of `side` ("out" or "src") marks it and the words it is aligned to.
+function markAligned(side, index) {
+  const [mine, theirs] = side === "out" ? [1, 0] : [0, 1];
+  const linked = new Set(
+    state.alignment.pairs.filter((pair) => pair[mine] === index).map((pair) => pair[theirs])
+  );
+  const other = side === "out" ? "src" : "out";
+  document.querySelectorAll(`.${side}-word`).forEach((el) => {
+    el.classList.toggle("active", Number(el.dataset.index) === index);
+  });
+  document.querySelectorAll(`.${other}-word`).forEach((el) => {
+    el.classList.remove("active");
+    el.classList.toggle("aligned", linked.has(Number(el.dataset.index)));
+  });
+  document.querySelectorAll(`.${side}-word`).forEach((el) => el.classList.remove("aligned"));
 }
 
 async function attend(text, translation) {
@@ -214,15 +264,21 @@ async function loadModel() {
 }
 
 $("translate").addEventListener("click", translate);
-$("source").addEventListener("keydown", (event) => {
-  if (event.key === "Enter" && !event.shiftKey) {
-    event.preventDefault();
-    translate();
-  }
-});
+["source", "prefix"].forEach((id) =>
+  $(id).addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey) {
+      event.preventDefault();
+      translate();
+    }
+  })
+);
 $("attend").addEventListener("click", () => {
   const text = $("source").value.trim();
   if (!text) return showError("Type a sentence first.");
+  // The alignment is the model's translation's: an output of the user's own has none.
+  if (!state.alignment || $("output").value !== state.alignment.output) {
+    $("alignment").hidden = true;
+  }
   busy("recording attention…", () => attend(text, $("output").value));
 });
 $("kind").addEventListener("change", render);
