@@ -92,6 +92,7 @@ def test_alignments_are_pharaoh_pairs_within_both_sentences(ckpt: Path, tmp_path
         (["--seed", "1"], "only applies to sampling"),
         (["--length-penalty", "nan"], "--length-penalty 0.6"),
         (["--engine", "ctranslate2", "--constraints-file", "c.jsonl"], "--engine torch"),
+        (["--sampling-topk", "5", "--constraints-file", "c.jsonl"], "--beam-size 5"),
     ],
 )
 def test_bad_steering_is_one_line(ckpt, tmp_path, capsys, args, words) -> None:

@@ -139,6 +139,12 @@ def test_every_hypothesis_contains_every_constraint(tiny_model: Transformer) -> 
             assert all(_contains(h.tokens, p) for p in phrases), (phrases, h.tokens)
 
 
+def test_constraints_with_sampling_are_refused(tiny_model: Transformer) -> None:
+    src, _ = random_batch(batch=2)
+    with pytest.raises(SettingError, match="constraints need a beam search"):
+        _run(tiny_model, src, Steering(constraints=[[[5]], []]), sampling_topk=3)
+
+
 def test_constraints_with_a_prefix_hold_both(tiny_model: Transformer) -> None:
     src, _ = random_batch(batch=2)
     steer = Steering(prefixes=[[6, 7], [8]], constraints=[[[25, 26]], [[27]]])

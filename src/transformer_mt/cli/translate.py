@@ -208,6 +208,11 @@ def _open_translator(args: argparse.Namespace) -> tuple[Translator, SearchConfig
     _check_input_text(args.input, args.errors)
     if args.buffer_size < 1:
         raise ValueError(f"--buffer-size must be >= 1, got {args.buffer_size}")
+    if args.constraints_file and (args.sampling_topk is not None or args.sampling_topp is not None):
+        raise ValueError(
+            "--constraints-file needs a beam search, but --sampling-topk/--sampling-topp "
+            "sample; leave out the sampling options and search with e.g. --beam-size 5"
+        )
     if args.constraints_file and args.engine != "torch":
         raise ValueError(
             f"--constraints-file needs the torch engine's constrained beam search ({args.engine} "

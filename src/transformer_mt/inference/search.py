@@ -328,33 +328,39 @@ class _Forcing:
 
 
 class _Sampler:
-    """Draws each row's next token; every row has its own seeded generator.
+    """Draws each row's next token by inverse-transform sampling from its own random numbers.
 
-    A sentence's generator is seeded from the search's seed, its source ids and the sample's
-    number, so its samples do not depend on which other sentences share the batch.
+    A sentence's numbers (one per decoding step) come from a generator seeded with the search's
+    seed, its source ids and the sample's number, drawn once at the start: its samples do not
+    depend on which other sentences share the batch, and each step draws for all rows at once.
     """
 
-    def __init__(self, search: SearchConfig, src: Tensor, pad_id: int, samples: int) -> None:
-        self.search = search
+    def __init__(
+        self, search: SearchConfig, src: Tensor, *, pad_id: int, samples: int, steps: int
+    ) -> None:
+        self.search, self.step = search, 0
         base = secrets.randbits(63) if search.seed is None else search.seed
-        self.generators = []
+        uniforms = []
         for row in src.tolist():
             ids = [t for t in row if t != pad_id]
             for k in range(samples):
                 digest = hashlib.blake2b(f"{base}:{k}:{ids}".encode(), digest_size=8).digest()
-                generator = torch.Generator(device=src.device)
-                generator.manual_seed(int.from_bytes(digest, "little") >> 1)
-                self.generators.append(generator)
+                generator = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+                uniforms.append(torch.rand(steps, generator=generator, dtype=torch.float64))
+        self.uniforms = torch.stack(uniforms).to(src.device)  # (rows, steps)
 
     def __call__(self, lprobs: Tensor, rows: Tensor) -> Tensor:
-        """One token per row of ``lprobs (n, V)``; ``rows``: each row's generator."""
+        """One token per row of ``lprobs (n, V)`` at the next step; ``rows``: each row's
+        random numbers. The token is the first whose cumulative probability passes the row's
+        number: a token of probability 0 is never drawn."""
         probs = _filtered(lprobs / self.search.temperature, self.search).softmax(dim=-1)
-        return torch.cat(
-            [
-                torch.multinomial(p, 1, generator=self.generators[r])
-                for p, r in zip(probs, rows.tolist())
-            ]
-        )
+        cdf = probs.double().cumsum(dim=-1)  # (n, V)
+        u = self.uniforms[rows, self.step, None] * cdf[:, -1:]  # (n, 1)
+        self.step += 1
+        token = torch.searchsorted(cdf, u, right=True).squeeze(1)  # (n,)
+        # A number rounded up to the total would pass every token: take the last likely one.
+        last = probs.size(-1) - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)
+        return torch.minimum(token, last)
 
 
 def _filtered(logits: Tensor, search: SearchConfig) -> Tensor:
@@ -463,7 +469,8 @@ def sample(
     models, n = as_models(model), search.nbest
     steer = steer or Steering()
     rows = torch.arange(src.size(0), device=src.device).repeat_interleave(n)
-    choose = _Sampler(search, src, models[0].pad_id, n)
+    steps = min(m.config.max_len for m in models)
+    choose = _Sampler(search, src, pad_id=models[0].pad_id, samples=n, steps=steps)
     found = _token_by_token(
         models, src[rows], choose, bos_id=bos_id, eos_id=eos_id, search=search,
         steer=steer.rows(rows.tolist()),
@@ -792,6 +799,11 @@ def search_batch(
     """The ``search.nbest`` outputs per sentence: sampled, greedy (``beam_size`` 1) or beam
     search; constraints always take the (constrained) beam search."""
     steer = steer or Steering()
+    if search.sampling and steer.constraints is not None and any(steer.constraints):
+        raise SettingError(
+            "constraints need a beam search, but the search samples", [("beam_size", 5)],
+            lead="leave out the sampling options and search with e.g.",
+        )  # fmt: skip
     if search.sampling:
         fn = sample
     elif search.beam_size == 1 and steer.constraints is None:
