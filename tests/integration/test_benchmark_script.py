@@ -14,7 +14,7 @@ import pytest
 
 from transformer_mt.errors import EXIT_USER_ERROR, guarded
 
-from conftest import ROOT
+from conftest import ROOT, best_checkpoint
 
 SCRIPTS = ROOT / "scripts"
 
@@ -137,3 +137,23 @@ def test_sweep_benchmark_quick(benchmark, tmp_path: Path) -> None:
         "two workers / one worker wall time",
     ]
     assert results["sweep"]["environment"]["cpu"]
+
+
+def test_steer_benchmark_quick(benchmark, tiny_run_dir: Path, tmp_path: Path) -> None:
+    """Every steered contender runs on a real checkpoint; prefixes and constraints hold."""
+    from transformer_mt.data.numbers import number_sentences
+
+    src, tgt = number_sentences(list(range(7, 200, 11)), "en", "de", seed=2)
+    (tmp_path / "s.en").write_text("\n".join(src) + "\n", encoding="utf-8")
+    (tmp_path / "r.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+    out = tmp_path / "steer.json"
+    args = ["steer", "--quick", "--threads", "1", "--out", str(out), "--ckpt",
+            str(best_checkpoint(tiny_run_dir)), "--source", str(tmp_path / "s.en"),
+            "--reference", str(tmp_path / "r.de")]  # fmt: skip
+    result = benchmark.main(args)["steer"]
+    assert json.loads(out.read_text()) == result and result["sentences"] == 16
+    r = result["results"]
+    assert set(r) == {"greedy", "sampling", "prefix", "beam", "constrained"}
+    assert all(_positive(row["sentences_per_s"]) for row in r.values())
+    assert r["prefix"]["starts_with_prefix"] == 16
+    assert r["constrained"]["satisfied"] == r["constrained"]["sentences_with_constraints"] > 0
