@@ -97,6 +97,10 @@ def test_trainer_stores_each_config_once(ckpt: Path) -> None:
         "max_len_a",
         "max_len_b",
         "nbest",
+        "sampling_topk",
+        "sampling_topp",
+        "temperature",
+        "seed",
     }
 
 
