@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,38 @@ def test_an_output_below_a_regular_file_or_on_a_directory_is_refused(tmp_path: P
     with pytest.raises(IsADirectoryError, match="is a directory; give a file path"):
         check_output_file(tmp_path, "-o")
     check_output_file(tmp_path / "new" / "out.txt", "-o")  # a missing directory is created later
+
+
+# --------------------------------------------------- outputs that are not plain files
+
+
+def test_a_symlinked_output_keeps_the_link_and_replaces_its_file(tmp_path: Path) -> None:
+    real = tmp_path / "real.txt"
+    real.write_text("old\n")
+    link = tmp_path / "link.txt"
+    link.symlink_to(real)
+    with atomic_write(link, "w") as handle:
+        handle.write("new\n")
+    assert link.is_symlink() and real.read_text() == "new\n"
+
+
+def test_a_named_pipe_is_written_through_not_replaced(tmp_path: Path) -> None:
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    with atomic_write(fifo, "wb") as handle:
+        handle.write(b"through\n")
+    reader.join(timeout=30)
+    assert got == [b"through\n"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_device_is_an_error_and_stays_a_device() -> None:
+    with pytest.raises(OSError), atomic_write("/dev/full", "w") as handle:
+        handle.write("x" * 100_000)
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)

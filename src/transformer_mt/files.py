@@ -39,6 +39,10 @@ def atomic_write(
 ) -> Iterator[IO[Any]]:
     """Open ``path`` for writing so that it is replaced atomically and durably.
 
+    A symlink stays: the file it points at is replaced. A device or named pipe (``/dev/stdout``,
+    ``/dev/full``, a FIFO) is written through, not replaced (its write errors, e.g. a full
+    device, surface as ``OSError``); a socket cannot be opened and is refused by ``open``.
+
     Example::
 
         with atomic_write(run_dir / "tokenizer.json", "w", encoding="utf-8") as f:
@@ -54,6 +58,15 @@ def atomic_write(
             f"atomic_write replaces a whole file; mode must be 'w' or 'wb', got {mode!r}"
         )
     target = Path(path)
+    if target.exists() and not target.is_file() and not target.is_dir():
+        # A device or a pipe, maybe behind a link (/dev/stdout, /dev/full, a FIFO): written
+        # through, never replaced by a plain file; there is nothing to rename over.
+        with open(target, mode, **open_kwargs) as handle:
+            yield handle
+        return
+    if target.is_symlink():
+        # Replace the file the link names; the link itself is the user's and stays.
+        target = Path(os.path.realpath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_path(target)
     try:

@@ -136,3 +136,17 @@ def test_help() -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
     assert exit_info.value.code == 0
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full and /dev/null")
+def test_devices_as_output_are_written_through_never_replaced(
+    ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("Anna has two apples.\n", encoding="utf-8")
+    assert main(["--ckpt", str(ckpt), "-i", str(src), "-o", "/dev/null"]) == 0
+    assert main(["--ckpt", str(ckpt), "-i", str(src), "-o", "/dev/full"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "No space left" in err[0], err
+    for device in ("/dev/null", "/dev/full"):
+        assert Path(device).is_char_device()
