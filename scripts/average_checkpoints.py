@@ -6,7 +6,9 @@
 
 "Best" ranks by the val/bleu in the file name (or in the checkpoint's ModelCheckpoint state).
 The result holds the model config and tokenizer, so evaluate.py and the translate command
-accept it; it has no optimizer state (it cannot resume training).
+accept it; it has no optimizer state (it cannot resume training: fine-tune from it with
+``train.py init_from=``). ``-o`` never replaces a file it did not write: an existing output is
+refused unless it is an average this script wrote, and then only with ``--force``.
 """
 
 from __future__ import annotations
@@ -14,13 +16,41 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
-from transformer_mt.checkpoint import CheckpointError, save_checkpoint
+from transformer_mt.checkpoint import (
+    CHECKPOINT_KEY,
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+)
 from transformer_mt.errors import EXIT_USER_ERROR, one_line
 from transformer_mt.files import check_outputs_apart
 from transformer_mt.inference.averaging import average_checkpoints, select_checkpoints
 
 log = logging.getLogger("average_checkpoints")
+
+
+def check_replaceable(output: Path, force: bool) -> None:
+    """An existing ``output`` may be replaced only if it is an average (``--force``).
+
+    Raises:
+        ValueError: one line: a file this script did not write (a run's resumable
+            checkpoint, say), or an earlier average without ``--force``.
+    """
+    if not output.exists():
+        return
+    try:
+        meta = load_checkpoint(output).get(CHECKPOINT_KEY) or {}
+    except CheckpointError:
+        meta = {}
+    if "averaged_from" not in meta:
+        raise ValueError(
+            f"-o {output} exists and is not an average of checkpoints (a run's checkpoint, or "
+            "another file); it would be replaced: give a new path"
+        )
+    if not force:
+        raise ValueError(f"-o {output} holds an earlier average; pass --force to replace it")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--best", type=int, metavar="N", help="average the N best by val/bleu")
     which.add_argument("--inputs", nargs="+", metavar="CKPT", help="average these checkpoints")
     parser.add_argument("-o", "--output", required=True, help="where to write the average")
+    parser.add_argument("--force", action="store_true", help="replace an average written before")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
@@ -42,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             parser.error("give RUN_DIR with --last N or --best N, or --inputs CKPT ...")
         check_outputs_apart([("-o", args.output)], [("input", p) for p in paths])
+        check_replaceable(Path(args.output), args.force)
         averaged = average_checkpoints(paths)
         out = save_checkpoint(averaged, args.output)
     except (CheckpointError, ValueError, OSError) as err:

@@ -14,12 +14,17 @@ Output (``--format parallel``, the Multi30k/WMT layout of ``configs/data/files.y
     DIR/train.en DIR/train.de   --pairs lines
     DIR/val.en   DIR/val.de     --eval-pairs lines
     DIR/test.en  DIR/test.de    --eval-pairs lines
+
+DIR must be new or empty, so no corpus of the user's is ever replaced (nor shadowed: the
+loader reads ``train.en`` before ``train.en.gz``); a directory this script wrote (it leaves
+``.make_large_corpus`` in it) is written again with ``--force``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +33,25 @@ import numpy as np
 from transformer_mt.data.numbers import number_sentences
 
 log = logging.getLogger("make_large_corpus")
+
+#: Left in every directory this script writes: only those may be written again (--force).
+MARKER = ".make_large_corpus"
+
+
+def check_out_dir(out_dir: Path, force: bool) -> str | None:
+    """Why ``out_dir`` may not be written (one line with the fix), or None."""
+    if out_dir.exists() and not out_dir.is_dir():
+        return f"{out_dir} is a file; give a new directory"
+    if not out_dir.exists() or not any(out_dir.iterdir()):
+        return None
+    if not (out_dir / MARKER).is_file():
+        return (
+            f"{out_dir} is not empty and was not written by make_large_corpus.py; its files "
+            "would be replaced (or shadow its .gz corpora): give a new directory"
+        )
+    if not force:
+        return f"{out_dir} holds a corpus this script wrote; pass --force to write it again"
+    return None
 
 
 def base_sentences(
@@ -75,11 +99,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--src-lang", default="en")
     parser.add_argument("--tgt-lang", default="de")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force", action="store_true", help="rewrite a corpus it wrote before")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    problem = check_out_dir(args.out_dir, args.force)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
 
     started = time.perf_counter()
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / MARKER).write_text("written by scripts/make_large_corpus.py\n")
     rng = np.random.default_rng(args.seed)
     # Disjoint numbers: training from the first block, evaluation from the rest.
     numbers = 2 + rng.choice(999_998, size=args.base + 2 * args.eval_pairs, replace=False)

@@ -36,8 +36,9 @@ def _lines(path: Path) -> list[str]:
 
 def test_make_large_corpus_writes_aligned_files(tmp_path: Path) -> None:
     make_large_corpus.main(
-        [str(tmp_path), "--pairs", "500", "--base", "60", "--eval-pairs", "20", "--seed", "1"]
+        [str(tmp_path / "c"), "--pairs", "500", "--base", "60", "--eval-pairs", "20", "--seed", "1"]
     )
+    tmp_path = tmp_path / "c"
     for prefix, n in (("train", 500), ("val", 20), ("test", 20)):
         src, tgt = _lines(tmp_path / f"{prefix}.en"), _lines(tmp_path / f"{prefix}.de")
         assert len(src) == len(tgt) == n
@@ -50,6 +51,25 @@ def test_make_large_corpus_writes_aligned_files(tmp_path: Path) -> None:
     test_sentences = set(_lines(tmp_path / "test.en"))
     train_sentences = {part.strip() + "." for s in train for part in s.split(".") if part}
     assert not test_sentences & train_sentences
+
+
+def test_make_large_corpus_never_replaces_files_it_did_not_write(tmp_path, capsys) -> None:
+    corpus = tmp_path / "real"
+    corpus.mkdir()
+    (corpus / "train.en").write_text("a real line\n")
+    small = ["--pairs", "20", "--base", "30", "--eval-pairs", "5"]
+    with pytest.raises(SystemExit) as exited:
+        make_large_corpus.main([str(corpus), *small])
+    assert exited.value.code == 2
+    assert "not written by make_large_corpus.py" in capsys.readouterr().err
+    assert (corpus / "train.en").read_text() == "a real line\n"
+    ours = tmp_path / "ours"
+    make_large_corpus.main([str(ours), *small])
+    with pytest.raises(SystemExit):
+        make_large_corpus.main([str(ours), *small])  # its own: only with --force
+    assert "pass --force" in capsys.readouterr().err
+    make_large_corpus.main([str(ours), *small, "--force"])
+    assert len(_lines(ours / "train.en")) == 20
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import torch
 
 from transformer_mt.checkpoint import load_checkpoint, load_model
 
-from conftest import ROOT, best_checkpoint, train_tiny_run
+from conftest import ROOT, best_checkpoint, short_run, train_tiny_run, write_corpus
 
 
 def script(name: str) -> ModuleType:
@@ -45,6 +45,42 @@ def test_average_checkpoints_script(run_dir: Path, tmp_path: Path, capsys) -> No
     assert script("average_checkpoints").main([str(run_dir), "--best", "50", "-o", str(out)]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
     assert line.startswith("error: ") and "fewer than the 50 asked for" in line
+
+
+def test_average_checkpoints_never_replaces_a_run_checkpoint(
+    run_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """-o over a run's checkpoint is refused with the file unchanged; an earlier average is
+    replaced only with --force."""
+    last = tmp_path / "last.ckpt"
+    last.write_bytes(best_checkpoint(run_dir).read_bytes())
+    before = last.read_bytes()
+    average = script("average_checkpoints").main
+    assert average([str(run_dir), "--last", "2", "-o", str(last)]) == 2
+    assert "is not an average of checkpoints" in capsys.readouterr().err
+    assert last.read_bytes() == before
+    out = tmp_path / "avg.ckpt"
+    assert average([str(run_dir), "--last", "2", "-o", str(out)]) == 0
+    assert average([str(run_dir), "--last", "2", "-o", str(out)]) == 2
+    assert "pass --force" in capsys.readouterr().err
+    assert average([str(run_dir), "--last", "2", "-o", str(out), "--force"]) == 0
+
+
+def test_an_average_cannot_resume_and_its_suggested_fix_trains(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """ckpt_path= of an averaged checkpoint is one line naming init_from=; running that fix
+    trains."""
+    from transformer_mt.errors import UserError
+    from transformer_mt.training.checks import check_resume_checkpoint
+
+    out = tmp_path / "avg.ckpt"
+    assert script("average_checkpoints").main([str(run_dir), "--last", "2", "-o", str(out)]) == 0
+    with pytest.raises(UserError, match=f"init_from={out} instead of ckpt_path="):
+        check_resume_checkpoint(out)
+    corpus = write_corpus(tmp_path / "corpus")
+    last = short_run(tmp_path / "fine", corpus, f"init_from={out}")
+    assert last.is_file()
 
 
 def test_plot_attention(run_dir: Path, tmp_path: Path) -> None:

@@ -47,7 +47,14 @@ def check_resume_checkpoint(ckpt_path: Any) -> LoadedModel | None:
     if not ckpt_path or str(ckpt_path) in ("last", "best", "hpc"):
         return None  # Lightning's own shorthands: it finds the file itself
     path = Path(str(ckpt_path))
-    return build_model(load_checkpoint(path), path)
+    checkpoint = load_checkpoint(path)
+    if "optimizer_states" not in checkpoint:
+        raise UserError(
+            f"cannot resume from {path}: it holds no optimizer state (an averaged or exported "
+            f"checkpoint has only weights); start a run from its weights with init_from={path} "
+            "instead of ckpt_path="
+        )
+    return build_model(checkpoint, path)
 
 
 def _vocabularies(tokenizer: Tokenizer) -> tuple[dict[str, int], dict[str, int]]:
