@@ -247,6 +247,43 @@ def test_a_worker_stops_when_trial_after_trial_fails(tmp_path: Path) -> None:
     assert [t.state.name for t in _study(tmp_path).trials] == ["FAIL", "FAIL"]
 
 
+def test_trials_that_end_before_their_first_validation_stop_the_sweep(tmp_path: Path) -> None:
+    """No metric is a failure toward the stop rule: the sweep ends by itself, saying why (it
+    ran 271 replacement trials in 500 s and went on)."""
+    proc = run_sweep(
+        tmp_path, *OPTUNA, "trainer.max_steps=2", "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.max_failures_in_a_row=2",
+    )  # fmt: skip
+    assert proc.returncode == 1, _explain(proc)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert "no value of the optimized metric" in errors[-1], errors
+    assert "trainer.max_steps" in errors[-1]
+    assert [t.state.name for t in _study(tmp_path).trials] == ["FAIL", "FAIL"]
+
+
+def test_a_study_reused_with_another_space_is_refused_leaving_no_running_trial(
+    tmp_path: Path,
+) -> None:
+    import optuna
+    from optuna.distributions import FloatDistribution
+
+    study = optuna.create_study(
+        study_name="numbers", storage=f"sqlite:///{tmp_path / 'optuna.db'}", direction="maximize"
+    )
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"model.dropout": 0.15},
+            distributions={"model.dropout": FloatDistribution(0.0, 0.3)},
+            value=1.0,
+        )
+    )
+    proc = run_sweep(tmp_path, *OPTUNA)  # numbers_optuna searches model.dropout as a choice
+    assert proc.returncode == 2, _explain(proc)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "searched model.dropout as" in errors[0], proc.stderr
+    assert [t.state.name for t in _study(tmp_path).trials] == ["COMPLETE"]
+
+
 def test_a_study_of_the_other_direction_or_an_unwritable_sweep_dir_is_refused(
     tmp_path: Path,
 ) -> None:

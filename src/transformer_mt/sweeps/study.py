@@ -196,6 +196,28 @@ def open_study(
     )
 
 
+def check_same_space(study: Any, space: dict[str, dist.BaseDistribution]) -> None:
+    """Refuse, before any trial is asked for, a search space that the study's earlier trials
+    drew from differently (Optuna would refuse it in ``ask``, after creating a trial that then
+    stays RUNNING and counts toward ``n_trials``).
+
+    Raises:
+        UserError: the key, both distributions and the fix.
+    """
+    for trial in study.get_trials(deepcopy=False):
+        for key, old in trial.distributions.items():
+            new = space.get(key)
+            if new is None:
+                continue
+            try:
+                dist.check_distribution_compatibility(old, new)
+            except ValueError:
+                raise UserError(
+                    f"study {study.study_name!r} searched {key} as {old}, this sweep asks for "
+                    f"{new}; choose another hydra.sweeper.study_name, or the stored space"
+                ) from None
+
+
 # ---------------------------------------------------------------------- sampler and pruner
 
 

@@ -55,6 +55,17 @@ def check_writable(directory: Path) -> None:
         ) from None
 
 
+def _why_failed(job: JobReturn) -> str:
+    """The cause of a failed trial, one line: its error, or the metric it did not report."""
+    if job.status == JobStatus.FAILED:
+        return " ".join(str(job._return_value).split())[:300]
+    return (
+        "no value of the optimized metric (the trial ended before its first validation, or "
+        "validation gave none); validate inside the budget: raise trainer.max_steps or lower "
+        "trainer.val_check_interval"
+    )
+
+
 class TrialsKeepFailing(RuntimeError):
     """Trial after trial fails: the setup is broken, and more trials would fail the same way."""
 
@@ -96,6 +107,7 @@ class StudyWorker:
             sampler=st.make_sampler(settings.sampler),
             pruner=tp.make_pruner(settings.pruner),
         )
+        st.check_same_space(self.study, self.space)
         # Trials read the storage from the environment (a URL may carry a password).
         os.environ[tp.STORAGE_ENV] = self.url
 
@@ -115,15 +127,16 @@ class StudyWorker:
         returns: list[JobReturn] = []
         limit, failures = int(self.settings.get("max_failures_in_a_row") or 0), 0
         while (trial := self._next_trial()) is not None:
-            returns.append(self._run_trial(trial))
-            failed = returns[-1].status == JobStatus.FAILED
-            failures = failures + 1 if failed else 0
+            job, state = self._run_trial(trial)
+            returns.append(job)
+            # A trial that ran but gave no metric failed too: it is replaced, and would be
+            # forever (a budget that ends before the first validation).
+            failures = failures + 1 if state == TrialState.FAIL else 0
             if limit and failures >= limit:
                 self._finish()
                 raise TrialsKeepFailing(
-                    f"{failures} trials in a row failed, the last with: "
-                    f"{' '.join(str(returns[-1]._return_value).split())[:300]}; the worker "
-                    f"stops (hydra.sweeper.max_failures_in_a_row={limit}); see "
+                    f"{failures} trials in a row failed, the last with: {_why_failed(job)}; "
+                    f"the worker stops (hydra.sweeper.max_failures_in_a_row={limit}); see "
                     f"{self.sweep_dir / 'summary.md'}"
                 )
         returns += self._confirm()
@@ -158,7 +171,7 @@ class StudyWorker:
     def _overrides(self, params: dict[str, Any]) -> list[str]:
         return [*self.fixed, *(f"{k}={_value_text(v)}" for k, v in params.items())]
 
-    def _run_trial(self, trial: optuna.Trial) -> JobReturn:
+    def _run_trial(self, trial: optuna.Trial) -> tuple[JobReturn, TrialState]:
         overrides = [*self._overrides(trial.params), f"hydra.sweeper.trial_id={trial._trial_id}"]
         log.info("trial %d: %s", trial.number, " ".join(self._overrides(trial.params)))
         with self._beating(trial._trial_id):
@@ -169,7 +182,7 @@ class StudyWorker:
         else:
             self.study.tell(trial, state=state)
         self._record(job, trial.number, state.name, trial.params)
-        return job
+        return job, state
 
     def _outcome(self, trial: optuna.Trial, job: JobReturn) -> tuple[TrialState, float | None]:
         if job.status == JobStatus.FAILED:
