@@ -150,3 +150,15 @@ def test_devices_as_output_are_written_through_never_replaced(
     assert len(err) == 1 and err[0].startswith("error:") and "No space left" in err[0], err
     for device in ("/dev/null", "/dev/full"):
         assert Path(device).is_char_device()
+
+
+def test_a_bad_byte_in_streamed_input_says_how_many_lines_were_written(ckpt: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "transformer_mt.cli.translate", "--ckpt", str(ckpt),
+         "--buffer-size", "1", "-q"],
+        input=b"Anna has two apples.\n\xff bad\n", capture_output=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stdout.decode().count("\n") == 1
+    err = proc.stderr.decode().strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("(1 line was translated and written before it)")

@@ -308,6 +308,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except (ValueError, OSError) as err:  # bytes that are not UTF-8 on stdin, a full disk
+        if count and args.output == "-":
+            # Streamed input: the lines before the bad one are out already; say how many.
+            done = "1 line was" if count == 1 else f"{count} lines were"
+            err = ValueError(f"{err} ({done} translated and written before it)")
         return user_error(err)
     finally:
         if args.input != "-":

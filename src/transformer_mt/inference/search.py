@@ -15,11 +15,13 @@ positional ``max_len``.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import logging
 import math
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -35,6 +37,39 @@ log = logging.getLogger(__name__)
 
 #: How beam scores are normalised by length (:func:`length_penalty`).
 LENGTH_NORMS = ("gnmt", "power")
+
+
+class DecodingCancelled(RuntimeError):
+    """A search stopped between two decoding steps because its caller asked (:func:`stop_when`)."""
+
+
+#: The check every search in this context consults once per step (``None``: never stop).
+_SHOULD_STOP: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
+    "should_stop", default=None
+)
+
+
+@contextlib.contextmanager
+def stop_when(should_stop: Callable[[], bool] | None) -> Iterator[None]:
+    """Within the block, each search on this thread calls ``should_stop()`` once per decoding
+    step (:func:`check_stop`) and raises :class:`DecodingCancelled` once it is true.
+
+    Scoped rather than an argument, so that it reaches the search through any engine and the
+    decode loop without their interfaces changing: the service sets it when every caller of an
+    engine call has gone, and the worker is free again one step later.
+    """
+    token = _SHOULD_STOP.set(should_stop)
+    try:
+        yield
+    finally:
+        _SHOULD_STOP.reset(token)
+
+
+def check_stop() -> None:
+    """Raise :class:`DecodingCancelled` if the check of :func:`stop_when` says so."""
+    should_stop = _SHOULD_STOP.get()
+    if should_stop is not None and should_stop():
+        raise DecodingCancelled("decoding stopped between two steps: its caller asked")
 
 
 # Hashable by value (it is never changed after construction): the service gives requests
@@ -401,6 +436,7 @@ def _token_by_token(
     alive = torch.arange(B, device=device)  # rows of `out` still being decoded
     prefix = torch.full((B, 1), bos_id, dtype=torch.long, device=device)  # (B_alive, t + 1)
     for step in range(steps):
+        check_stop()
         lprobs = decoding.log_probs(prefix, step)  # (B_alive, V)
         _ban_specials(lprobs, models[0].pad_id, bos_id)
         forcing.apply(lprobs, alive, step)
@@ -767,6 +803,7 @@ def beam_search(
         )
     )
     for step in range(int(max_lens.max())):
+        check_stop()
         lprobs = decoding.log_probs(beam.prefix, step)  # (n*K, V)
         _ban_specials(lprobs, models[0].pad_id, bos_id)
         forcing.apply(lprobs, beam.alive.repeat_interleave(K), step)

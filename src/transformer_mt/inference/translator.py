@@ -26,7 +26,7 @@ from transformer_mt.errors import SettingError
 from transformer_mt.inference.alignment import cross_attention, piece_words, word_alignment
 from transformer_mt.inference.decode import Engine, best_tokens, decode, progress_bar, score
 from transformer_mt.inference.engine import TorchEngine
-from transformer_mt.inference.search import Hypothesis, SearchConfig, Steering
+from transformer_mt.inference.search import Hypothesis, SearchConfig, Steering, check_stop
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +196,7 @@ class Translator:
         if targets is not None:
             lengths = [max(n, len(t) + 1) for n, t in zip(lengths, targets)]
         for batch in decode_sampler(lengths, self.max_tokens, self.max_sentences):
+            check_stop()  # between engine batches: an engine without a per-step check stops here
             columns: dict[str, Any] = {"src_ids": [ids[i] for i in batch], "index": batch}
             if targets is not None:
                 columns["tgt_ids"] = [targets[i] for i in batch]

@@ -9,8 +9,13 @@ back into one list per job. The engine runs in one worker thread, so the event l
 accepting requests (and filling the next batch) while a batch decodes.
 
 A caller that gives up (a time-out, a disconnected client) cancels its future: a job not yet
-started is dropped before the engine sees it, and the result of one already running is thrown
-away; either way the queue moves on. An engine error fails the jobs of that call only.
+started is dropped before the engine sees it; when every job of the running engine call has
+been given up, the call's ``stop`` event is set, and an engine that checks it between decoding
+steps (the torch search, :func:`~transformer_mt.inference.search.stop_when`) returns the worker
+within one step. Either way the queue moves on. An engine error fails the jobs of that call only.
+
+A job may bring its own engine call (``run``, e.g. an attention pass): it then runs alone, but
+waits in the same queue and counts towards ``max_pending`` like any other.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import collections
 import concurrent.futures
 import functools
 import logging
+import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -28,8 +34,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: ``run(lines, options, **columns)`` -> one output per line, in order; blocking. Each column
-#: (e.g. ``prefixes``) is a list with one value per line.
+#: ``run(lines, options, *, stop, **columns)`` -> one output per line, in order; blocking. Each
+#: column (e.g. ``prefixes``) is a list with one value per line; ``stop`` is a
+#: :class:`threading.Event` set once every caller of the call has gone (stop early, with any
+#: exception, when it is).
 RunBatch = Callable[..., list[Any]]
 
 
@@ -47,12 +55,17 @@ class Job:
     tokens: int
     future: asyncio.Future[list[Any]] = field(repr=False)
     columns: dict[str, list[Any]] = field(default_factory=dict)
+    #: the job's own engine call (instead of the batcher's); such a job runs alone
+    run: RunBatch | None = field(default=None, repr=False)
 
     @property
     def key(self) -> Hashable:
         """What a job must share with others to join their engine call: the options and the
         column names. A column can change how the engine decodes every line (constraints take
-        the constrained beam search), so jobs with and without it never share a call."""
+        the constrained beam search), so jobs with and without it never share a call; a job
+        with its own ``run`` shares with none (its key is itself)."""
+        if self.run is not None:
+            return self
         return self.options, tuple(sorted(self.columns))
 
 
@@ -84,6 +97,8 @@ class Batcher:
         self.max_pending = max_pending
         self.pending = 0  # sentences queued, not yet taken into a batch
         self.batches = 0  # engine calls so far
+        self.stopped = 0  # engine calls told to stop because every caller had gone
+        self._stop: threading.Event | None = None  # the running call's
         self._queue: collections.deque[Job] = collections.deque()
         self._arrived = asyncio.Event()  # set when a job is queued
         self._held: Job | None = None  # the job that did not fit the last batch
@@ -96,7 +111,10 @@ class Batcher:
             self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
-        """Stop taking batches; jobs still queued are cancelled."""
+        """Stop taking batches; jobs still queued are cancelled, the running call is told to
+        stop."""
+        if self._stop is not None:
+            self._stop.set()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -112,9 +130,11 @@ class Batcher:
         tokens: int,
         *,
         columns: Mapping[str, Sequence[Any]] | None = None,
+        run: RunBatch | None = None,
     ) -> list[Any]:
         """Queue ``lines`` (with ``columns``: one value per line each, passed to ``run`` by
-        name) and wait for their outputs (cancel the awaiting task to give up)."""
+        name) and wait for their outputs (cancel the awaiting task to give up). ``run``: this
+        job's own engine call, in place of the batcher's (it then runs alone)."""
         per_line = {name: list(values) for name, values in (columns or {}).items()}
         for name, values in per_line.items():
             if len(values) != len(lines):
@@ -128,14 +148,17 @@ class Batcher:
                 f"{self.max_pending}; retry later"
             )
         self.start()
-        job = Job(lines, options, tokens, asyncio.get_running_loop().create_future(), per_line)
+        future = asyncio.get_running_loop().create_future()
+        job = Job(lines, options, tokens, future, per_line, run)
         self.pending += len(lines)
         self._queue.append(job)
         self._arrived.set()
         return await job.future
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` on the worker thread, between batches (e.g. an attention pass)."""
+        """Run ``fn(*args)`` on the worker thread, between batches, outside the queue (not
+        counted in ``max_pending``, never cancelled: :meth:`submit` a job with its own ``run``
+        for work a client asks for)."""
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     async def _loop(self) -> None:
@@ -198,20 +221,40 @@ class Batcher:
         lines = [line for job in jobs for line in job.lines]
         columns = {name: [v for job in jobs for v in job.columns[name]] for name in jobs[0].columns}
         self.batches += 1
+        self._stop = stop = self._stop_when_gone(jobs)
         try:
-            run = functools.partial(self.run, **columns)
+            run = functools.partial(jobs[0].run or self.run, stop=stop, **columns)
             outputs = await self.call(run, lines, jobs[0].options)
             if len(outputs) != len(lines):
                 raise RuntimeError(f"the engine returned {len(outputs)} outputs for {len(lines)}")
         except Exception as err:
-            log.exception("engine call on %d sentences failed", len(lines))
+            if stop.is_set():
+                log.info("engine call on %d sentences stopped early: nobody waits for it", len(lines))
+            else:
+                log.exception("engine call on %d sentences failed", len(lines))
             for job in jobs:
                 if not job.future.done():
                     job.future.set_exception(err)
             return
+        finally:
+            self._stop = None
         start = 0
         for job in jobs:
             part = outputs[start : start + len(job.lines)]
             start += len(job.lines)
             if not job.future.done():
                 job.future.set_result(part)
+
+    def _stop_when_gone(self, jobs: list[Job]) -> threading.Event:
+        """An event set (and counted in :attr:`stopped`) once every job of ``jobs`` has been
+        cancelled by its caller: nobody waits for the call's outputs any more."""
+        stop = threading.Event()
+
+        def gone(_: asyncio.Future[list[Any]]) -> None:
+            if not stop.is_set() and all(job.future.cancelled() for job in jobs):
+                stop.set()
+                self.stopped += 1
+
+        for job in jobs:
+            job.future.add_done_callback(gone)
+        return stop

@@ -11,7 +11,7 @@ CTranslate2), the same source cut and the same tokenizer.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from transformer_mt.inference.attention_maps import KINDS, record_maps
 from transformer_mt.inference.averaging import stored_val_bleu
 from transformer_mt.inference.decode import Engine
 from transformer_mt.inference.engine import Converter, open_engine
-from transformer_mt.inference.search import SearchConfig
+from transformer_mt.inference.search import SearchConfig, stop_when
 from transformer_mt.inference.translator import Translation, Translator
 
 
@@ -158,15 +158,22 @@ class ServedModel:
         prefixes: Sequence[str] | None = None,
         constraints: Sequence[Sequence[str]] | None = None,
         alignments: bool = False,
+        should_stop: Callable[[], bool] | None = None,
     ) -> list[Translation]:
         """One :class:`Translation` (n-best list, scores) per line, in order (blocking: call it
         from the worker thread). ``prefixes`` start the outputs and ``constraints`` must appear
         in them (one entry per line), ``alignments`` adds each hypothesis' word alignment: as
-        ``transformer-mt-translate --prefix-file/--constraints-file/--alignments``."""
+        ``transformer-mt-translate --prefix-file/--constraints-file/--alignments``.
+
+        ``should_stop`` is asked once per decoding step of the torch search (once per engine
+        batch of the ctranslate2 engine); once it is true the call raises
+        :class:`~transformer_mt.inference.search.DecodingCancelled`.
+        """
         self._pin_threads()
-        return self.translator.translate_batch(
-            lines, search, prefixes=prefixes, constraints=constraints, alignments=alignments
-        )
+        with stop_when(should_stop):
+            return self.translator.translate_batch(
+                lines, search, prefixes=prefixes, constraints=constraints, alignments=alignments
+            )
 
     def attention(self, source: str, translation: str) -> dict[str, Any]:
         """Every attention weight of a teacher-forced pass over ``source`` -> ``translation``.
@@ -191,6 +198,17 @@ class ServedModel:
             "n_heads": self.loaded.config.n_heads,
             **layers,
         }
+
+    def attention_values(self, source: str, translation: str) -> int:
+        """The weights :meth:`attention` returns for this pair, counted before it runs: every
+        layer and head of encoder self-attention (S x S), decoder self-attention (T x T) and
+        cross-attention (T x S), S and T the source and output pieces with ``<eos>``."""
+        (src_ids,) = self.translator.encode([source], where="source")
+        (out_ids,) = self.tokenizer.encode_tgt_batch([translation.strip()])
+        S, T = len(src_ids) + 1, min(len(out_ids), self.loaded.config.max_len - 1) + 1
+        config = self.loaded.config
+        per_head = config.n_encoder_layers * S * S + config.n_decoder_layers * (T * T + T * S)
+        return config.n_heads * per_head
 
     def info(self) -> dict[str, Any]:
         """What ``GET /model`` shows: languages, size, decoding defaults, stored BLEU."""
