@@ -192,6 +192,10 @@ NO_JOURNAL_HEARTBEAT = (
 )
 
 
+#: Missed heartbeats after which a trial's worker counts as dead.
+GRACE_BEATS = 10
+
+
 def open_storage(url: str, *, heartbeat_interval: int | None = None, max_retry: int = 0) -> Any:
     """An Optuna storage for ``url``: a SQLAlchemy URL, or ``journal:<file>`` (journal file).
 
@@ -207,7 +211,13 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, max_retry: 
     retry = RetryFailedTrialCallback(max_retry=max_retry) if max_retry > 0 else None
     beat: dict[str, Any] = {}
     if heartbeat_interval:
-        beat = {"heartbeat_interval": int(heartbeat_interval), "failed_trial_callback": retry}
+        beat = {
+            "heartbeat_interval": int(heartbeat_interval),
+            # Ten missed beats, not Optuna's two: a loaded machine can stall a live worker's
+            # beat for seconds, and failing its trial would run it twice.
+            "grace_period": GRACE_BEATS * int(heartbeat_interval),
+            "failed_trial_callback": retry,
+        }
     try:
         if url.startswith("journal:"):
             from optuna.storages.journal import JournalFileBackend
