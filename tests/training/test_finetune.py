@@ -133,6 +133,19 @@ def test_init_from_another_vocabulary_than_the_run_dir_holds(
     assert (tmp_path / "tokenizer.json").read_bytes() == before  # not overwritten
 
 
+def test_init_from_another_direction_names_fixes_that_work(
+    base_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An en->de checkpoint on de->en data: one line whose first fix, run, trains."""
+    flipped = [*FINETUNE, f"init_from={base_ckpt}", "data.src_lang=de", "data.tgt_lang=en"]
+    line = one_error_line(capsys, tmp_path / "wrong", flipped)
+    assert "translates en->de, the data de->en" in line
+    assert "(data.src_lang=en data.tgt_lang=de)" in line
+    fixed = [*FINETUNE, f"init_from={base_ckpt}", "data.src_lang=en", "data.tgt_lang=de"]
+    run(compose_train(tmp_path / "fixed", [*fixed, "trainer.max_steps=2"]))
+    assert (tmp_path / "fixed" / "checkpoints" / "last.ckpt").is_file()
+
+
 def test_settings_given_on_the_command_line_must_match(base_ckpt: Path) -> None:
     init = load_model(base_ckpt)
     saved = init.config.to_dict()

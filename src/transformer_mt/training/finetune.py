@@ -70,8 +70,26 @@ def finetune_start(cfg: TrainSchema, run_dir: Path) -> FineTuneStart | None:
         return None
     init = load_init(cfg.init_from)
     config = finetune_model_config(init, model_settings(cfg.model), explicit_overrides("model"))
-    check_tokenizer_settings(init, cfg.data.config().to_dict(), explicit_overrides("data"))
+    data = cfg.data.config().to_dict()
+    check_languages(init, data)
+    check_tokenizer_settings(init, data, explicit_overrides("data"))
     return FineTuneStart(init, adopt_tokenizer(init, run_dir), config)
+
+
+def check_languages(init: LoadedModel, cfg_data: dict[str, Any]) -> None:
+    """The run translates in the checkpoint's direction: its tokenizer and weights are for it.
+
+    Raises:
+        UserError: one line with both directions and the two fixes that work.
+    """
+    asked = (cfg_data.get("src_lang"), cfg_data.get("tgt_lang"))
+    if asked != (init.src_lang, init.tgt_lang):
+        raise UserError(
+            f"init_from={init.path} translates {init.src_lang}->{init.tgt_lang}, the data "
+            f"{asked[0]}->{asked[1]}; fine-tune on {init.src_lang}->{init.tgt_lang} data "
+            f"(data.src_lang={init.src_lang} data.tgt_lang={init.tgt_lang}), or start from a "
+            f"{asked[0]}->{asked[1]} checkpoint"
+        )
 
 
 def load_init(path: Any) -> LoadedModel:
