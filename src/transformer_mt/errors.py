@@ -306,6 +306,7 @@ def run_entry_point(main: Callable[[], Any]) -> None:
     """
     if not _debug():
         os.environ.update({"HYDRA_FULL_ERROR": "1", _SET_BY_US: "1"})
+        sys.stderr = _WithoutHydraJobLine(sys.stderr)
     try:
         main()
     except SystemExit as exc:
@@ -327,6 +328,25 @@ def run_entry_point(main: Callable[[], Any]) -> None:
         sys.stdout.flush()
         print(f"error: {composition_error(exc)}", file=sys.stderr, flush=True)
         sys.exit(code)
+
+
+class _WithoutHydraJobLine:
+    """stderr without the line Hydra writes before re-raising a failed multirun job
+    (``Error executing job with overrides: [...]``): the job's own ``error: job #N (<overrides>):
+    ...`` line says the same, and a user error is one line."""
+
+    PREFIX = "Error executing job with overrides: "
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if text.startswith(self.PREFIX):
+            return len(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def composition_error(exc: BaseException) -> str:

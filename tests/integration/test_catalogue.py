@@ -398,3 +398,5 @@ def test_a_failed_multirun_job_exits_2_with_its_reason_once(
     assert done.stderr.count(reason) == 1, done.stderr
     (line,) = [line for line in done.stderr.splitlines() if reason in line]
     assert line.startswith("error: job #0 (")
+    # That line alone: not Hydra's "Error executing job with overrides" before it.
+    assert "Error executing job" not in done.stderr, done.stderr
