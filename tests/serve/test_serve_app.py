@@ -18,6 +18,7 @@ pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[
 from fastapi.testclient import TestClient
 
 from transformer_mt.checkpoint import CHECKPOINT_KEY, load_model, save_checkpoint
+from transformer_mt.cli.serve import KEY_VARIABLE
 from transformer_mt.cli.serve import main as serve_main
 from transformer_mt.cli.translate import main as translate_main
 from transformer_mt.data.numbers import number_sentences
@@ -247,10 +248,13 @@ class BlockingModel:
 
 
 def test_a_timed_out_request_does_not_block_the_queue() -> None:
-    """The engine is held busy by the first request, so both requests time out whatever the
-    machine's speed; once released, the queue goes on and the waiting job never runs."""
+    """Events decide every outcome, not the clock: the first request (a 60 s time-out) holds
+    the engine until the test releases it; the second gets a 0.01 s time-out while the engine
+    is held, so it certainly times out, however slow the machine, and its job is dropped. Once
+    released, the first is answered, the dropped job never runs, and the queue goes on."""
     model = BlockingModel()
-    app = create_app(model, Limits(timeout_s=0.2, window_ms=0))  # type: ignore[arg-type]
+    app = create_app(model, Limits(window_ms=0))  # type: ignore[arg-type]
+    service = app.state.service
     with TestClient(app) as client:
         first: dict[str, Any] = {}
         worker = threading.Thread(
@@ -258,15 +262,44 @@ def test_a_timed_out_request_does_not_block_the_queue() -> None:
         )
         worker.start()
         assert model.entered.wait(30)
+        service.limits = Limits(timeout_s=0.01, window_ms=0)
         late = client.post("/translate", json={"text": ["two"]})
-        assert late.status_code == 504 and "no answer within 0.2 s" in late.json()["error"]
-        worker.join(30)
-        assert first["r"].status_code == 504  # its result will be thrown away
-        app.state.service.limits = Limits(timeout_s=60)  # no clock in what follows
+        assert late.status_code == 504 and "no answer within 0.01 s" in late.json()["error"]
+        service.limits = Limits(window_ms=0)
         model.release.set()
+        worker.join(30)
+        assert first["r"].json()["translations"] == ["ONE"]
         after = client.post("/translate", json={"text": ["three"]})
         assert after.json()["translations"] == ["THREE"]
     assert model.calls == [["one"], ["three"]]
+
+
+class FailingModel(BlockingModel):
+    """An engine that fails with internals a client must not see."""
+
+    def translate(self, lines: list[str], search: Any, **steer: Any) -> list[Translation]:
+        raise RuntimeError("CUDA error at /srv/secret/model.py:42")
+
+
+def test_a_failure_tells_the_client_an_incident_id_and_the_log_the_details(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = create_app(FailingModel())  # type: ignore[arg-type]
+    with TestClient(app) as client:
+        response = client.post("/translate", json={"text": ["one"]})
+        assert response.status_code == 500
+        message = response.json()["error"]
+        assert "secret" not in message and "RuntimeError" not in message
+        incident = message.split("(incident ")[1].split(")")[0]
+        assert "; retry" in message and len(incident) == 8
+        assert any(
+            incident in r.getMessage() and "secret" in str(r.exc_info) for r in caplog.records
+        )
+        app.state.service.model.source_tokens = None  # a bug outside the engine: the same
+        careless = TestClient(app, raise_server_exceptions=False)
+        bug = careless.post("/translate", json={"text": ["a"]})
+        assert bug.status_code == 500 and "incident" in bug.json()["error"]
+        assert "TypeError" not in bug.json()["error"]
 
 
 def test_a_disconnected_client_does_not_block_the_queue() -> None:
@@ -340,7 +373,10 @@ def test_command_line_mistakes_are_one_error_line(
             "ct2 flag": (
                 ["--ckpt", str(tiny_ckpt), "--compute-type", "int8"],
                 "--compute-type applies to --engine ctranslate2"),
-            "bad limit": (["--ckpt", str(tiny_ckpt), "--max-beam", "0"], "--max-beam must be >= 1"),
+            "bad limit": (["--ckpt", str(tiny_ckpt), "--max-beam", "0"], "--max-beam: got '0'"),
+            "no checkpoint": (["--port", "0"], "required: --ckpt"),
+            "a key a header cannot carry": (
+                ["--ckpt", str(tiny_ckpt), "--api-key", "two words"], "printable ASCII"),
         }  # fmt: skip
         for case, (argv, words) in cases.items():
             assert serve_main(argv) == 2, case
@@ -376,3 +412,58 @@ def test_an_ensemble_equals_the_translate_command(tiny_ckpt: Path, tmp_path: Pat
         got = client.post("/translate", json={"text": LINES, "beam_size": 2}).json()
         assert got["translations"] == expected
         assert client.get("/model").json()["ensemble"] == ["tiny.ckpt", "other.ckpt"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--timeout-s", "nan"), ("--timeout-s", "inf"), ("--timeout-s", "0"),
+        ("--timeout-s", "-1"), ("--window-ms", "1e12"), ("--window-ms", "-0.5"),
+        ("--window-ms", "nan"), ("--max-pending", "0"), ("--max-pending", "1.5"),
+        ("--max-sentences", "nan"), ("--max-chars", "10000000"), ("--max-beam", "inf"),
+        ("--batch-tokens", "-3"), ("--max-attention-values", "0"), ("--threads", "-1"),
+        ("--threads", "x"), ("--port", "65536"), ("--port", "-1"),
+    ],
+)  # fmt: skip
+def test_numbers_that_are_not_numbers_are_refused(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NaN, infinities and values out of range: one ``error:`` line, exit 2, nothing loaded
+    (the checkpoint does not even exist)."""
+    assert serve_main(["--ckpt", "missing.ckpt", flag, value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: argument {flag}: got {value!r}"), err
+
+
+def test_limits_refuse_what_the_command_line_refuses() -> None:
+    """The service's own check, for a caller that builds :class:`Limits` in code."""
+    for bad in ({"timeout_s": float("nan")}, {"window_ms": 1e12}, {"max_pending": 0}):
+        with pytest.raises(ValueError, match="give a finite number in that range"):
+            Limits(**bad)
+
+
+def test_serving_beyond_this_machine_needs_a_key_or_insecure(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked once the socket is bound and before the model loads: the missing checkpoint is
+    the next error, so each case is told apart by the lines before it."""
+    monkeypatch.delenv(KEY_VARIABLE, raising=False)
+    missing = ["--ckpt", "missing.ckpt", "--port", "0"]
+
+    def lines(*argv: str) -> list[str]:
+        assert serve_main([*missing, *argv]) == 2
+        return capsys.readouterr().err.strip().splitlines()
+
+    (refused,) = lines("--host", "0.0.0.0")
+    assert refused.startswith("error: --host 0.0.0.0 serves every machine") and "--insecure" in (
+        refused
+    )
+    warning, error = lines("--host", "0.0.0.0", "--insecure")
+    assert warning.startswith("warning: serving 0.0.0.0:") and "without an API key" in warning
+    assert "does not exist" in error
+    for argv in (["--host", "0.0.0.0", "--api-key", "k"], ["--host", "localhost"], []):
+        (only,) = lines(*argv)
+        assert "does not exist" in only, argv
+    monkeypatch.setenv(KEY_VARIABLE, "from-the-environment")
+    (only,) = lines("--host", "0.0.0.0")
+    assert "does not exist" in only

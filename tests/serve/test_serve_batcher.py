@@ -12,8 +12,13 @@ import pytest
 from transformer_mt.serve.batcher import Batcher, QueueFull
 
 
+class Stopped(RuntimeError):
+    """What the fake engine raises when the batcher tells it to stop (as a search would)."""
+
+
 class Engine:
-    """Records each call; a call whose lines include ``"hold"`` waits for :attr:`release`."""
+    """Records each call; a call whose lines include ``"hold"`` waits for :attr:`release`, one
+    with ``"until stopped"`` for the batcher's ``stop`` (then raises :class:`Stopped`)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[list[str], Any]] = []
@@ -21,12 +26,18 @@ class Engine:
         self.holding = threading.Event()
         self.release = threading.Event()
 
-    def __call__(self, lines: list[str], options: Any, **columns: list[Any]) -> list[str]:
+    def __call__(
+        self, lines: list[str], options: Any, *, stop: threading.Event, **columns: list[Any]
+    ) -> list[str]:
         self.calls.append((list(lines), options))
         self.columns.append(columns)
         if "hold" in lines:
             self.holding.set()
             assert self.release.wait(30), "the test never released the engine"
+        if "until stopped" in lines:
+            self.holding.set()
+            assert stop.wait(30), "the batcher never told the engine to stop"
+            raise Stopped("stopped")
         if "boom" in lines:
             raise RuntimeError("the engine failed")
         prefixes = columns.get("prefixes", [""] * len(lines))
@@ -207,3 +218,85 @@ def test_a_column_needs_one_value_per_line() -> None:
 
     run(scenario)
     assert engine.calls == []
+
+
+def test_a_queued_job_given_up_leaves_the_pending_count_at_once() -> None:
+    """Its place is free while the engine is still busy: dead jobs never fill the queue."""
+    engine = Engine()
+
+    async def scenario() -> None:
+        batcher = Batcher(engine, max_tokens=100, window_s=0, max_pending=2)
+        running = await held(batcher, engine)
+        gone = asyncio.ensure_future(batcher.submit(["a", "b"], "a", 2))
+        while batcher.pending < 2:
+            await asyncio.sleep(0)
+        with pytest.raises(QueueFull):
+            await batcher.submit(["c"], "a", 1)
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert batcher.pending == 0  # the engine is still held
+        later = asyncio.ensure_future(batcher.submit(["c", "d"], "a", 2))
+        while batcher.pending < 2:
+            await asyncio.sleep(0)
+        engine.release.set()
+        assert await running == ["hold:a"] and await later == ["c:a", "d:a"]
+        await batcher.stop()
+
+    run(scenario)
+    assert [lines for lines, _ in engine.calls] == [["hold"], ["c", "d"]]
+
+
+def test_the_running_call_is_told_to_stop_once_every_caller_has_gone() -> None:
+    """Two jobs share the call: the first leaving changes nothing, the second leaving sets the
+    call's stop event (counted); the engine returns, and the queue goes on."""
+    engine = Engine()
+
+    async def scenario() -> None:
+        batcher = Batcher(engine, max_tokens=100, window_s=0)
+        first = asyncio.ensure_future(batcher.submit(["until stopped"], "a", 1))
+        second = asyncio.ensure_future(batcher.submit(["x"], "a", 1))
+        await asyncio.get_running_loop().run_in_executor(None, engine.holding.wait, 30)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert batcher.stopped == 0  # the second caller still waits
+        waiting = asyncio.ensure_future(batcher.submit(["next"], "a", 1))
+        second.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        assert batcher.stopped == 1
+        assert await waiting == ["next:a"]  # the engine stopped, the worker is free
+        await batcher.stop()
+
+    run(scenario)
+    assert [lines for lines, _ in engine.calls] == [["until stopped", "x"], ["next"]]
+
+
+def test_a_job_with_its_own_call_runs_alone_and_counts_as_pending() -> None:
+    """As /attention's passes do: queued with the others, within ``max_pending``, never
+    joined to another job's call."""
+    engine = Engine()
+    passes: list[list[str]] = []
+
+    def attend(lines: list[str], options: Any, *, stop: threading.Event) -> list[str]:
+        passes.append(list(lines))
+        return [f"maps of {line}" for line in lines]
+
+    async def scenario() -> None:
+        batcher = Batcher(engine, max_tokens=100, window_s=0, max_pending=2)
+        running = await held(batcher, engine)
+        own = [asyncio.ensure_future(batcher.submit([t], "a", 1, run=attend)) for t in "pq"]
+        while batcher.pending < 2:
+            await asyncio.sleep(0)
+        with pytest.raises(QueueFull):
+            await batcher.submit(["r"], "a", 1, run=attend)
+        with pytest.raises(QueueFull):
+            await batcher.submit(["r"], "a", 1)
+        engine.release.set()
+        assert await running == ["hold:a"]
+        assert [await job for job in own] == [["maps of p"], ["maps of q"]]
+        await batcher.stop()
+
+    run(scenario)
+    assert passes == [["p"], ["q"]] and [lines for lines, _ in engine.calls] == [["hold"]]

@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 from test_serve_app import LINES, write_tiny_checkpoint
 
+from transformer_mt.cli.serve import KEY_VARIABLE
+
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
 playwright = pytest.importorskip("playwright.sync_api", reason="needs playwright (dev extra)")
 
@@ -57,8 +59,22 @@ def serve_command() -> list[str]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A transformer-mt-serve process on a free port; yields its base URL."""
+    yield from serve(tmp_path_factory, {})
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The same, with an API key."""
+    yield from serve(tmp_path_factory, {KEY_VARIABLE: KEY})
+
+
+KEY = "browser-key"
+
+
+def serve(tmp_path_factory: pytest.TempPathFactory, extra_env: dict[str, str]) -> Iterator[str]:
     ckpt = write_tiny_checkpoint(tmp_path_factory.mktemp("browser") / "tiny.ckpt")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {k: v for k, v in os.environ.items() if k != KEY_VARIABLE}
+    env.update(OMP_NUM_THREADS="1", **extra_env)
     proc = subprocess.Popen(
         [*serve_command(), "--ckpt", str(ckpt), "--port", "0", "--threads", "1"],
         stderr=subprocess.PIPE, text=True, env=env,
@@ -79,9 +95,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.wait(30)
 
 
-def post(url: str, body: dict[str, Any]) -> Any:
+def post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
     request = urllib.request.Request(
-        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        url, json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})}
     )
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.load(response)
@@ -185,3 +201,25 @@ def test_errors_show_on_the_page(page: Any, server: str) -> None:
     error = page.locator("#error")
     error.wait_for(state="visible")
     assert "beam_size must be 1..16" in error.inner_text()
+
+
+def test_the_page_sends_the_key_of_its_address_or_asks_for_it(keyed_server: str, page: Any) -> None:
+    """``/#key=KEY`` stores the key for the tab (and leaves the address); a tab without it is
+    asked once, at the first 401, and then works."""
+    sentence = LINES[0]
+    auth = {"Authorization": f"Bearer {KEY}"}
+    expected = post(f"{keyed_server}/translate", {"text": [sentence]}, auth)["translations"][0]
+    page.goto(f"{keyed_server}/#key={KEY}")
+    assert "#" not in page.url
+    page.fill("#source", sentence)
+    page.click("#translate")
+    page.locator('table.heatmap[data-kind="cross"]').first.wait_for()
+    assert page.input_value("#output") == expected and page.locator("#error").is_hidden()
+
+    fresh = page.context.browser.new_page()
+    asked: list[str] = []
+    fresh.on("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept(KEY)))
+    fresh.goto(keyed_server)
+    fresh.locator("#model-info").filter(has_text="parameters").wait_for()
+    assert asked == ["This service needs its API key:"]
+    fresh.close()

@@ -1,24 +1,31 @@
 """The HTTP service (FastAPI): translate, attention, model facts, health, and the page at ``/``.
 
 Every error is a 4xx/5xx answer with one line of JSON, ``{"error": "<cause>; <fix>"}``, and the
-service goes on serving. Requests carry text only: no field names a path, so a client cannot
-make the server read or write a file.
+service goes on serving; an unexpected failure tells the client an incident id, and the server
+log its details. Requests carry text only: no field names a path, so a client cannot make the
+server read or write a file. Nothing one client sends holds the service: a body is counted as
+it streams in, every piece of work waits in one bounded queue under one time-out, and work
+nobody waits for any more stops (:mod:`~transformer_mt.serve.batcher`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import hmac
 import json
 import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
+from fastapi.security import HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
@@ -100,25 +107,136 @@ class AttentionRequest(DecodingFields):
     )
 
 
-def error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": " ".join(message.split())}, status_code=status)
+def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": " ".join(message.split())}, status_code=status, headers=headers)
+
+
+#: After an answer given before the body is read (a body over the limit, a missing key), what
+#: the client still sends is read and dropped, up to this many bytes or seconds, and then the
+#: connection closes: closing a socket with unread bytes in it resets the connection, and a
+#: client still sending would lose the answer (the "lingering close" of nginx and Apache).
+LINGER_BYTES, LINGER_S = 8 << 20, 2.0
+
+
+async def refuse(
+    status: int,
+    message: str,
+    receive: Any,
+    send: Any,
+    headers: dict[str, str] | None = None,
+    *,
+    drain: bool = True,
+) -> None:
+    """Answer ``status`` before the body is read, drop what the client still sends (``drain``:
+    more may come; within :data:`LINGER_BYTES` and :data:`LINGER_S`, never the rest of an
+    endless body), then close the connection."""
+    answer = error(status, message, {**(headers or {}), "connection": "close"})
+    await send({"type": "http.response.start", "status": status, "headers": answer.raw_headers})
+    await send({"type": "http.response.body", "body": answer.body, "more_body": True})
+    if drain:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_drain(receive), LINGER_S)
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _drain(receive: Any) -> None:
+    dropped = 0
+    while dropped <= LINGER_BYTES:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+        dropped += len(message.get("body", b""))
 
 
 class BodyLimit:
-    """ASGI middleware: a declared body over ``max_bytes`` is refused before it is read."""
+    """ASGI middleware: a body over ``max_bytes`` is answered 413 and never read to its end.
+
+    A declared ``Content-Length`` over the limit is refused before anything is read; any other
+    body (chunked, or sent past what it declared) is counted as it streams in, and answered the
+    moment the count passes the limit: the application is then told the client has gone, and
+    whatever it answers is dropped. At most the limit and one chunk are ever held in memory
+    (what :func:`refuse` drops after the answer is never kept).
+    """
 
     def __init__(self, app: Any, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            length = dict(scope["headers"]).get(b"content-length", b"")
-            if length.isdigit() and int(length) > self.max_bytes:
-                message = (
-                    f"the request body has {int(length)} bytes, the service reads at most "
-                    f"{self.max_bytes}; split the request"
-                )
-                await error(413, message)(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            await refuse(413, self.message(f"{int(length)} bytes"), receive, send)
+            return
+        body = _CountedBody(self, receive, send)
+        await self.app(scope, body.receive, body.send)
+
+    def message(self, size: str) -> str:
+        return f"the request body has {size}, the service reads at most {self.max_bytes}; split it"
+
+
+class _CountedBody:
+    """One request's ``receive`` and ``send`` as :class:`BodyLimit` wraps them."""
+
+    def __init__(self, limit: BodyLimit, receive: Any, send: Any) -> None:
+        self.limit, self._receive, self._send = limit, receive, send
+        self.read = 0  # body bytes received so far
+        self.started = False  # the application's answer has begun
+        self.refused = False  # answered 413: the application is told the client left
+
+    async def receive(self) -> Any:
+        if self.refused:
+            return {"type": "http.disconnect"}
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.read += len(message.get("body", b""))
+            if self.read > self.limit.max_bytes:
+                self.refused = True
+                if not self.started:
+                    size = f"more than {self.limit.max_bytes} bytes"
+                    more = message.get("more_body", False)
+                    await refuse(
+                        413, self.limit.message(size), self._receive, self._send, drain=more
+                    )
+                return {"type": "http.disconnect"}
+        return message
+
+    async def send(self, message: Any) -> None:
+        if self.refused:
+            return  # the 413 was the answer
+        self.started = self.started or message["type"] == "http.response.start"
+        await self._send(message)
+
+
+#: What a client may GET without the API key: the page and its files, the API's description
+#: and the health check; none of them runs the model or says what it is.
+OPEN_PATHS = frozenset({"/", "/health", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
+
+
+def _open(scope: Any) -> bool:
+    path = scope["path"]
+    static = path.startswith("/static/") and ".." not in path
+    return scope["method"] in ("GET", "HEAD") and (path in OPEN_PATHS or static)
+
+
+class KeyCheck:
+    """ASGI middleware: every request but a GET of :data:`OPEN_PATHS` (and ``/static/``) needs
+    ``Authorization: Bearer KEY``, compared in constant time; else 401, before any body is
+    read."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not _open(scope):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            scheme, _, token = given.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+                cause = "the API key is wrong" if given else "this service needs an API key"
+                fix = 'send the header "Authorization: Bearer KEY" (the page: open /#key=KEY)'
+                headers = {"www-authenticate": "Bearer"}
+                await refuse(401, f"{cause}; {fix}", receive, send, headers)
                 return
         await self.app(scope, receive, send)
 
@@ -180,10 +298,16 @@ class Service:
             max_pending=limits.max_pending,
         )
 
-    def _run(self, lines: list[str], options: CallOptions, **columns: Any) -> list[Translation]:
+    def _run(
+        self, lines: list[str], options: CallOptions, *, stop: Any, **columns: Any
+    ) -> list[Translation]:
         """The batcher's engine call, on its worker thread; ``columns``: the lines' prefixes
-        and constraints (:meth:`steering`)."""
-        return self.model.translate(lines, options.search, alignments=options.alignments, **columns)
+        and constraints (:meth:`steering`); ``stop``: set when nobody waits for the outputs,
+        which stops the search at its next step."""
+        return self.model.translate(
+            lines, options.search, alignments=options.alignments, should_stop=stop.is_set,
+            **columns,
+        )  # fmt: skip
 
     def search(self, request: DecodingFields) -> SearchConfig:
         """The request's search over the checkpoint's stored one, as ``transformer-mt-translate``
@@ -318,16 +442,58 @@ class Service:
         """Queue ``texts`` (and their ``columns``, :meth:`steering`) with the batcher; give up
         when the client leaves or time runs out."""
         tokens = self.model.source_tokens(texts)
+        job = self.batcher.submit(texts, CallOptions(search, alignments), tokens, columns=columns)
+        return await self.guarded(request, job)
+
+    async def attention(
+        self, request: Request, body: AttentionRequest, search: SearchConfig
+    ) -> dict[str, Any]:
+        """The /attention answer: the model's translation (unless the body gives one), then
+        one attention pass, each a job in the batcher's queue, under one time-out."""
+        return await self.guarded(request, self._attend(body, search))
+
+    async def _attend(self, body: AttentionRequest, search: SearchConfig) -> dict[str, Any]:
+        text, tokens = body.text, self.model.source_tokens([body.text])
+        output = body.translation
+        if output is None:
+            (result,) = await self.batcher.submit([text], CallOptions(search), tokens)
+            output = result.text
+        values, most = self.model.attention_values(text, output), self.limits.max_attention_values
+        if values > most:
+            raise ApiError(
+                413,
+                f"the attention maps of this sentence and output hold {values} weights, the "
+                f"service returns at most {most}; send a shorter sentence or output",
+            )
+        run = functools.partial(self._attention_pass, text, output)
+        (maps,) = await self.batcher.submit([text], "attention", tokens, run=run)
+        return {"translation": output, **maps}
+
+    def _attention_pass(
+        self, source: str, output: str, lines: list[str], options: Any, *, stop: Any
+    ) -> list[dict[str, Any]]:
+        """An attention job's own engine call, on the worker thread: one forward pass, too
+        short to need ``stop``."""
+        return [self.model.attention(source, output)]
+
+    async def guarded(self, request: Request, work: Awaitable[T]) -> T:
+        """``work``'s result, or the answer that says why not: 503 when the queue is full, 504
+        past the time-out, 499 when the client left (both give the work up), 500 with an
+        incident id when the engine failed (the details go to the log, not to the client)."""
         try:
-            options = CallOptions(search, alignments)
-            job = self.batcher.submit(texts, options, tokens, columns=columns)
-            return await _until_gone(request, job, self.limits.timeout_s)
+            return await _until_gone(request, work, self.limits.timeout_s)
         except QueueFull as err:
             raise ApiError(503, str(err)) from None
         except (ApiError, asyncio.CancelledError):
             raise
         except Exception as err:  # the engine failed on this batch; the service goes on
-            raise ApiError(500, f"translation failed ({type(err).__name__}: {err})") from err
+            incident = secrets.token_hex(4)
+            log.error("incident %s: %s failed", incident, request.url.path, exc_info=err)
+            raise ApiError(
+                500,
+                f"the engine failed on this request (incident {incident}); retry, and if it "
+                "fails again report the incident id: the server log has the details",
+            ) from None
 
 
 async def _until_gone(request: Request, work: Awaitable[T], timeout: float) -> T:
@@ -358,8 +524,11 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-def create_app(model: ServedModel, limits: Limits | None = None) -> FastAPI:
-    """The FastAPI application serving ``model``."""
+def create_app(
+    model: ServedModel, limits: Limits | None = None, *, api_key: str | None = None
+) -> FastAPI:
+    """The FastAPI application serving ``model``; with ``api_key``, every route but the page,
+    its files, the docs and /health needs it (:class:`KeyCheck`)."""
     service = Service(model, limits or Limits())
 
     @contextlib.asynccontextmanager
@@ -376,8 +545,10 @@ def create_app(model: ServedModel, limits: Limits | None = None) -> FastAPI:
     app.state.service = service
     # JSON may spell a character as a 12-byte surrogate pair; the rest is the envelope.
     app.add_middleware(BodyLimit, max_bytes=12 * service.limits.max_chars + 65536)
+    if api_key:
+        app.add_middleware(KeyCheck, key=api_key)  # outermost: before any body is read
     _add_error_handlers(app)
-    _add_routes(app, service)
+    _add_routes(app, service, secured=bool(api_key))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
 
@@ -397,8 +568,13 @@ def _add_error_handlers(app: FastAPI) -> None:
         return error(exc.status_code, str(exc.detail))
 
     async def on_bug(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("request %s failed", request.url.path)
-        return error(500, f"internal error ({type(exc).__name__}: {exc}); see the server log")
+        incident = secrets.token_hex(4)
+        log.error("incident %s: %s failed", incident, request.url.path, exc_info=exc)
+        return error(
+            500,
+            f"the service failed on this request (incident {incident}); retry, and if it fails "
+            "again report the incident id: the server log has the details",
+        )
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_invalid)
@@ -426,12 +602,16 @@ def _answer(results: list[Translation], body: TranslateRequest) -> dict[str, Any
     return answer
 
 
-def _add_routes(app: FastAPI, service: Service) -> None:
+def _add_routes(app: FastAPI, service: Service, *, secured: bool = False) -> None:
+    """The routes; ``secured``: the OpenAPI schema says they need the bearer key (so /docs
+    offers to send it; :class:`KeyCheck` checks it)."""
     model = service.model
     info = model.info()
     brief = {k: info[k] for k in ("checkpoint", "src_lang", "tgt_lang", "engine")}
+    key = [Depends(HTTPBearer(auto_error=False, description="the service's API key"))]
+    deps = key if secured else []
 
-    @app.post("/translate")
+    @app.post("/translate", dependencies=deps)
     async def translate(body: TranslateRequest, request: Request) -> dict[str, Any]:
         """Translate ``text`` (a list of sentences): one translation per sentence, in order."""
         search = service.search(body)
@@ -443,28 +623,27 @@ def _add_routes(app: FastAPI, service: Service) -> None:
         )
         return {**_answer(results, body), "model": brief}
 
-    @app.post("/attention")
+    @app.post("/attention", dependencies=deps)
     async def attention(body: AttentionRequest, request: Request) -> dict[str, Any]:
         """Every attention weight (layer x head) of a teacher-forced pass over one sentence."""
         search = service.search(body)
         service.check_size([body.text, body.translation or ""])
-        translation = body.translation
-        if translation is None:
-            (result,) = await service.translate(request, [body.text], search)
-            translation = result.text
-        maps = await service.batcher.call(model.attention, body.text, translation)
-        return {"translation": translation, **maps}
+        return await service.attention(request, body, search)
 
-    @app.get("/model")
+    @app.get("/model", dependencies=deps)
     async def model_info() -> dict[str, Any]:
         """Languages, parameters, decoding defaults and the BLEU stored in the checkpoint."""
         return {**info, "limits": vars(service.limits)}
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        """``ok`` while the service answers; the sentences waiting and batches run so far."""
+        """``ok`` while the service answers; the sentences waiting, the engine calls run so
+        far and those stopped early because nobody waited for them any more."""
         batcher = service.batcher
-        return {"status": "ok", "pending": batcher.pending, "batches": batcher.batches}
+        return {
+            "status": "ok", "pending": batcher.pending, "batches": batcher.batches,
+            "stopped": batcher.stopped,
+        }  # fmt: skip
 
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:

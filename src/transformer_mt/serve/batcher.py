@@ -57,6 +57,8 @@ class Job:
     columns: dict[str, list[Any]] = field(default_factory=dict)
     #: the job's own engine call (instead of the batcher's); such a job runs alone
     run: RunBatch | None = field(default=None, repr=False)
+    #: out of the queue: taken into a batch, or dropped
+    taken: bool = False
 
     @property
     def key(self) -> Hashable:
@@ -77,7 +79,8 @@ class Batcher:
         max_tokens: source tokens per batch (a larger job runs alone; the engine splits it).
         window_s: how long the first job of a batch waits for others to join (0: only the
             jobs already queued join).
-        max_pending: sentences waiting at most; :meth:`submit` raises :class:`QueueFull` past it.
+        max_pending: sentences waiting at most; :meth:`submit` raises :class:`QueueFull` past it
+            (a job given up while queued leaves the count at once).
     """
 
     def __init__(
@@ -120,7 +123,7 @@ class Batcher:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         while self._queue:
-            self._queue.popleft().future.cancel()
+            self._take().future.cancel()
         self._worker.shutdown(wait=False)
 
     async def submit(
@@ -153,7 +156,13 @@ class Batcher:
         self.pending += len(lines)
         self._queue.append(job)
         self._arrived.set()
-        return await job.future
+        try:
+            return await job.future
+        finally:
+            if not job.taken:  # given up while queued: its place is free at once
+                self._queue.remove(job)
+                job.taken = True
+                self.pending -= len(lines)
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the worker thread, between batches, outside the queue (not
@@ -187,7 +196,12 @@ class Batcher:
                 await asyncio.wait_for(self._arrived.wait(), remaining)
             except asyncio.TimeoutError:
                 return None
+        return self._take()
+
+    def _take(self) -> Job:
+        """The oldest queued job, out of the queue and the pending count."""
         job = self._queue.popleft()
+        job.taken = True
         self.pending -= len(job.lines)
         return job
 
@@ -229,7 +243,7 @@ class Batcher:
                 raise RuntimeError(f"the engine returned {len(outputs)} outputs for {len(lines)}")
         except Exception as err:
             if stop.is_set():
-                log.info("engine call on %d sentences stopped early: nobody waits for it", len(lines))
+                log.info("engine call on %d sentences stopped: nobody waits for it", len(lines))
             else:
                 log.exception("engine call on %d sentences failed", len(lines))
             for job in jobs:

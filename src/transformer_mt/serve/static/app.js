@@ -26,8 +26,33 @@ function showError(message) {
   box.hidden = !message;
 }
 
+// The service's API key, when it has one: taken from the address (/#key=KEY: a fragment never
+// reaches the server or its logs), or asked for at the first 401; kept for this tab only.
+const KEY_SLOT = "transformer-mt-api-key";
+const fromAddress = location.hash.match(/(?:^#|&)key=([^&]*)/);
+if (fromAddress) {
+  sessionStorage.setItem(KEY_SLOT, decodeURIComponent(fromAddress[1]));
+  history.replaceState(null, "", location.pathname + location.search);
+}
+
+function withKey(headers) {
+  const key = sessionStorage.getItem(KEY_SLOT);
+  return key ? { ...headers, Authorization: `Bearer ${key}` } : headers;
+}
+
+// fetch with the key; a 401 asks for the key once and tries again.
+async function call(path, init = {}) {
+  const send = () => fetch(path, { ...init, headers: withKey(init.headers || {}) });
+  const response = await send();
+  if (response.status !== 401) return response;
+  const key = window.prompt("This service needs its API key:");
+  if (!key) return response;
+  sessionStorage.setItem(KEY_SLOT, key.trim());
+  return send();
+}
+
 async function post(path, body) {
-  const response = await fetch(path, {
+  const response = await call(path, {
     method: "POST",
     headers: { "Content-Type": "application/json" },
     body: JSON.stringify(body),
@@ -248,8 +273,9 @@ function highlight(row) {
 
 async function loadModel() {
   try {
-    const response = await fetch("/model");
+    const response = await call("/model");
     const info = await response.json();
+    if (!response.ok) throw new Error(info.error || `HTTP ${response.status}`);
     const bleu = info.val_bleu == null ? "" : `, validation BLEU ${info.val_bleu.toFixed(2)}`;
     const params = (info.parameters / 1e6).toFixed(info.parameters < 1e6 ? 3 : 1);
     $("model-info").textContent =
