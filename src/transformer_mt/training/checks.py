@@ -48,13 +48,14 @@ def check_resume_checkpoint(ckpt_path: Any) -> LoadedModel | None:
         return None  # Lightning's own shorthands: it finds the file itself
     path = Path(str(ckpt_path))
     checkpoint = load_checkpoint(path)
+    loaded = build_model(checkpoint, path)  # first: a file that is not ours says so
     if "optimizer_states" not in checkpoint:
         raise UserError(
             f"cannot resume from {path}: it holds no optimizer state (an averaged or exported "
             f"checkpoint has only weights); start a run from its weights with init_from={path} "
             "instead of ckpt_path="
         )
-    return build_model(checkpoint, path)
+    return loaded
 
 
 def _vocabularies(tokenizer: Tokenizer) -> tuple[dict[str, int], dict[str, int]]:
