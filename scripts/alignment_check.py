@@ -29,7 +29,6 @@ from pathlib import Path
 
 from transformer_mt.checkpoint import load_model
 from transformer_mt.data.numbers import DAYS, NAMES, NOUNS, PLACES, number_sentences
-from transformer_mt.inference.alignment import cross_attention, piece_words, word_alignment
 from transformer_mt.inference.translator import Translator
 
 PUNCTUATION = ".,;:!?"
@@ -76,19 +75,9 @@ def score(links: list[list[tuple[int, int]]], gold: list[list[tuple[int, int]]])
 
 def our_links(loaded, src: list[str], tgt: list[str], layer: int, shift: int) -> list[list]:
     """The checkpoint's alignment of each source line to its reference (teacher-forced)."""
-    translator, tok = Translator(loaded), loaded.tokenizer
-    src_ids, tgt_ids = translator.encode(src), tok.encode_tgt_batch(tgt)
-    links: dict[int, list[tuple[int, int]]] = {}
-    for batch in translator.batches(src_ids, tgt_ids):
-        weights = cross_attention(loaded.model, batch["src"], batch["tgt"][:, :-1], layer)
-        for b, index in enumerate(batch["index"].tolist()):
-            links[index] = word_alignment(
-                weights[b],
-                piece_words([tok.src.id_to_token(i) for i in src_ids[index]]),
-                piece_words([tok.tgt.id_to_token(i) for i in tgt_ids[index]]),
-                shift,
-            )
-    return [links[i] for i in range(len(src))]
+    translator = Translator(loaded)
+    references = loaded.tokenizer.encode_tgt_batch(tgt)
+    return translator.align(translator.encode(src), references, layer=layer, shift=shift)
 
 
 def numbers_check(loaded, args: argparse.Namespace) -> tuple[str, list[dict]]:

@@ -23,7 +23,13 @@ from transformer_mt.checkpoint import LoadedModel
 from transformer_mt.data.batching import decode_sampler
 from transformer_mt.data.collate import Collate, source_limit
 from transformer_mt.errors import SettingError
-from transformer_mt.inference.alignment import cross_attention, piece_words, word_alignment
+from transformer_mt.inference.alignment import (
+    ALIGNMENT_LAYER,
+    ALIGNMENT_SHIFT,
+    cross_attention,
+    piece_words,
+    word_alignment,
+)
 from transformer_mt.inference.decode import Engine, best_tokens, decode, progress_bar, score
 from transformer_mt.inference.engine import TorchEngine
 from transformer_mt.inference.search import Hypothesis, SearchConfig, Steering, check_stop
@@ -310,20 +316,26 @@ class Translator:
 
     @torch.no_grad()
     def align(
-        self, sources: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]
+        self,
+        sources: Sequence[Sequence[int]],
+        outputs: Sequence[Sequence[int]],
+        *,
+        layer: int = ALIGNMENT_LAYER,
+        shift: int = ALIGNMENT_SHIFT,
     ) -> list[list[tuple[int, int]]]:
         """The word alignment (Pharaoh pairs) of each output to its source, from the first
         model's cross-attention (:mod:`~transformer_mt.inference.alignment`), whatever engine
-        decoded it."""
+        decoded it. ``layer``/``shift``: another reading of the attention, for the study that
+        chose the defaults (``scripts/alignment_check.py``)."""
         model, tok = self.loaded.model, self.tokenizer
         found: dict[int, list[tuple[int, int]]] = {}
         for batch in self.batches(sources, outputs):
             src, tgt = batch["src"].to(self.device), batch["tgt"].to(self.device)
-            weights = cross_attention(model, src, tgt[:, :-1])  # (B, T, S)
+            weights = cross_attention(model, src, tgt[:, :-1], layer)  # (B, T, S)
             for b, index in enumerate(batch["index"].tolist()):
                 src_words = piece_words([tok.src.id_to_token(i) for i in sources[index]])
                 out_words = piece_words([tok.tgt.id_to_token(i) for i in outputs[index]])
-                found[index] = word_alignment(weights[b], src_words, out_words)
+                found[index] = word_alignment(weights[b], src_words, out_words, shift)
         return [found[i] for i in range(len(sources))]
 
     def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
