@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ import torch
 from transformer_mt.checkpoint import LoadedModel
 from transformer_mt.data.tokenizer import BOS, PAD, Tokenizer
 from transformer_mt.errors import ExportError, SettingError, require_export_extra
-from transformer_mt.inference.search import Hypothesis, SearchConfig
+from transformer_mt.inference.search import Hypothesis, SearchConfig, Steering, output_caps
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +108,10 @@ class CTranslate2Engine:
         if not rows:
             return out
         prefixes = self._prefix_tokens(batch, rows)
+        steer = Steering(None if prefixes is None else [batch["prefix_ids"][r] for r in rows])
+        caps = output_caps(torch.tensor([len(t) for t in tokens]), search, steer, self.max_len)
         # Output tokens before <eos>: one fewer than our cap, which counts the <eos>.
-        caps = [c - 1 for c in _caps(search, [len(t) for t in tokens], self.max_len)]
-        if prefixes is not None:
-            caps = [max(c, len(p) + search.max_len_b - 1) for c, p in zip(caps, prefixes)]
-            caps = [min(c, self.max_len - 1) for c in caps]
+        caps = [c - 1 for c in caps.tolist()]
         results = self.translator.translate_batch(tokens, prefixes, **self._options(search, caps))
         vocab = self.tokenizer.tgt
         for row, cap, result in zip(rows, caps, results):
@@ -273,10 +272,3 @@ def _load_translator(model_dir: Path, compute_type: str, threads: int, device: s
             f"cannot load the CTranslate2 model {model_dir}: {' '.join(str(err).split())}; "
             "export the checkpoint again with transformer-mt-export --format ctranslate2"
         ) from None
-
-
-def _caps(search: SearchConfig, lengths: Sequence[int], max_len: int) -> list[int]:
-    """Our per-sentence cap on generated tokens, ``<eos>`` included (search.py's rule)."""
-    # float32 arithmetic as in search.py, so the floor agrees at the edges
-    caps = (search.max_len_a * torch.tensor(lengths).float() + search.max_len_b).floor().long()
-    return caps.clamp(min=1, max=max_len).tolist()

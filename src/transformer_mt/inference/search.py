@@ -317,12 +317,20 @@ def _select_cache(layer: tuple[KVCache, KVCache], index: Tensor) -> None:
 def _max_lengths(
     models: list[Transformer], src: Tensor, search: SearchConfig, steer: Steering
 ) -> Tensor:
-    """Per-sentence cap on generated tokens (eos included), ``(B,)``.
+    """:func:`output_caps` of the padded sources ``src (B, S)`` for these models, ``(B,)``."""
+    src_len = (src != models[0].pad_id).sum(dim=1)  # (B,)
+    return output_caps(src_len, search, steer, min(m.config.max_len for m in models))
+
+
+def output_caps(src_len: Tensor, search: SearchConfig, steer: Steering, max_len: int) -> Tensor:
+    """Per-sentence cap on generated tokens (eos included), ``(B,)``: the one rule of every
+    engine, for sources of ``src_len`` tokens (``<eos>`` included) and a model of ``max_len``
+    positions.
 
     A forced prefix or constraint phrases get room on top of the cap: the prefix plus
     ``max_len_b`` tokens, the constraints' tokens added to it.
     """
-    src_len = (src != models[0].pad_id).sum(dim=1)  # (B,)
+    # float32 arithmetic, so that every engine floors alike at the edges
     limit = (search.max_len_a * src_len.float() + search.max_len_b).floor().long().clamp(min=1)
     if steer.prefixes is not None:
         needed = torch.tensor([len(p) + search.max_len_b for p in steer.prefixes])
@@ -331,7 +339,7 @@ def _max_lengths(
         extra = torch.tensor([sum(map(len, c)) for c in steer.constraints])
         limit = limit + extra.to(limit.device)
     # The decoder input is bos + all generated tokens but the last: max_len positions.
-    return limit.clamp(max=min(m.config.max_len for m in models))
+    return limit.clamp(max=max_len)
 
 
 def _ban_specials(lprobs: Tensor, pad_id: int, bos_id: int) -> None:
