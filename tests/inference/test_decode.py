@@ -130,7 +130,7 @@ def score_three_ways(run: tuple[Path, Path, Path], tmp_path: Path) -> dict[str, 
     assert translate_main(["--ckpt", str(ckpt), "-i", str(sources), "-o", str(out), "-q"]) == 0
     translated = out.read_text(encoding="utf-8").split("\n")[:-1]
     refs = references.read_text(encoding="utf-8").split("\n")[:-1]
-    scores = corpus_scores(translated, refs)
+    scores = corpus_scores(translated, refs, lang="de")
     return {
         "trainer": {"bleu": trainer["test/bleu"], "chrf": trainer["test/chrf"]},
         "evaluate": results["metrics"],

@@ -31,6 +31,7 @@ def test_bleu_equals_trainer_test_bleu(tiny_run_dir: Path, tmp_path: Path) -> No
     assert results["metrics"]["bleu"] == pytest.approx(expected["test/bleu"], abs=0.01)
     assert results["metrics"]["chrf"] == pytest.approx(expected["test/chrf"], abs=0.01)
     assert results["metrics"]["bleu_lc"] == pytest.approx(expected["test/bleu_lc"], abs=0.01)
+    assert results["metrics"]["bleu_tok"] == pytest.approx(expected["test/bleu_tok"], abs=0.01)
 
 
 def test_results_json_fields_and_hypotheses(tiny_run_dir: Path, tmp_path: Path) -> None:
@@ -54,7 +55,7 @@ def test_results_json_fields_and_hypotheses(tiny_run_dir: Path, tmp_path: Path) 
         "sentences_per_s",
     ):
         assert key in saved, key
-    assert set(saved["metrics"]) == {"bleu", "bleu_lc", "chrf"}
+    assert set(saved["metrics"]) == {"bleu", "bleu_lc", "bleu_tok", "chrf"}
     assert "tok:13a" in saved["signature"]["bleu"] and "case:mixed" in saved["signature"]["bleu"]
     assert saved["n_sentences"] == 40
     assert saved["decoding"]["beam_size"] == 2 and saved["decoding"]["batch_sentences"] == 7

@@ -221,7 +221,7 @@ def run(cfg: EvalSchema, *, convert: Converter | None = None) -> dict[str, Any]:
     texts = _texts(loaded[0].tokenizer, nbest_lists)
     results = _results(cfg, loaded, inputs, search, device=device, elapsed=elapsed)
     if inputs.references is not None:
-        results.update(_metrics(texts, inputs.references))
+        results.update(_metrics(texts, inputs.references, lang=loaded[0].tgt_lang or "en"))
     if cfg.alignments:
         _write_alignments(cfg, results, translator, inputs.sources, nbest_lists)
     _write_outputs(cfg, results, texts, nbest_lists)
@@ -302,13 +302,23 @@ def _results(
     }
 
 
-def _metrics(texts: list[list[str]], references: list[str]) -> dict[str, Any]:
-    """BLEU, lowercased BLEU and chrF of the 1-best; the n-best list's oracle BLEU."""
-    scores = corpus_scores([hyps[0] for hyps in texts], references)
-    metrics = {"bleu": scores.bleu, "bleu_lc": scores.bleu_lc, "chrf": scores.chrf}
+def _metrics(texts: list[list[str]], references: list[str], *, lang: str) -> dict[str, Any]:
+    """BLEU, lowercased BLEU, tokenized BLEU and chrF of the 1-best; the n-best's oracle BLEU."""
+    scores = corpus_scores([hyps[0] for hyps in texts], references, lang=lang)
+    metrics = {
+        "bleu": scores.bleu,
+        "bleu_lc": scores.bleu_lc,
+        "bleu_tok": scores.bleu_tok,
+        "chrf": scores.chrf,
+    }
     if any(len(hyps) > 1 for hyps in texts):
-        metrics["oracle_bleu"] = corpus_scores(oracle_choice(texts, references), references).bleu
-    signature = {"bleu": scores.bleu_signature, "chrf": scores.chrf_signature}
+        oracle = corpus_scores(oracle_choice(texts, references), references, lang=lang)
+        metrics["oracle_bleu"] = oracle.bleu
+    signature = {
+        "bleu": scores.bleu_signature,
+        "chrf": scores.chrf_signature,
+        "bleu_tok": scores.bleu_tok_signature,
+    }
     return {"metrics": metrics, "signature": signature}
 
 

@@ -239,9 +239,12 @@ class TranslationModule(pl.LightningModule):
             # DDP ranks may pad with repeated batches; keep one output per example, in order.
             by_index = {i: (src, ref, hyp) for i, src, ref, hyp in outputs}
             ordered = [by_index[i] for i in sorted(by_index)]
-            scores = corpus_scores([o[2] for o in ordered], [o[1] for o in ordered])
+            scores = corpus_scores(
+                [o[2] for o in ordered], [o[1] for o in ordered], lang=self._target_language()
+            )
             metrics[f"{stage}/bleu"] = scores.bleu
             metrics[f"{stage}/bleu_lc"] = scores.bleu_lc
+            metrics[f"{stage}/bleu_tok"] = scores.bleu_tok
             metrics[f"{stage}/chrf"] = scores.chrf
             if self.trainer.is_global_zero and not self.trainer.sanity_checking:
                 for src, ref, hyp in ordered[: self.training_config.num_examples]:
@@ -250,6 +253,12 @@ class TranslationModule(pl.LightningModule):
             # Values are already global (gathered above): no further reduction across ranks.
             self.log(name, value, prog_bar=name.endswith(("bleu", "loss")), rank_zero_only=False)
         return metrics
+
+    def _target_language(self) -> str:
+        """The language bleu_tok tokenises for: the data's target, else the tokenizer's."""
+        data = getattr(self._trainer, "datamodule", None) if self._trainer else None
+        lang = getattr(getattr(data, "config", None), "tgt_lang", None)
+        return lang or getattr(self.tokenizer, "tgt_lang", None) or "en"
 
     def on_validation_epoch_start(self) -> None:
         self._eval_start()

@@ -374,7 +374,7 @@ def _print_summary(
     for key in ("val/bleu", "val/chrf", "val/loss"):
         if key in val:
             table.add_row(f"last {key}", f"{val[key]:.3f}")
-    for key in ("test/bleu", "test/bleu_lc", "test/chrf", "test/loss"):
+    for key in ("test/bleu", "test/bleu_lc", "test/bleu_tok", "test/chrf", "test/loss"):
         if key in test:
             table.add_row(key, f"{test[key]:.3f}")
     table.add_row("run dir", str(cfg.run_dir))
