@@ -65,6 +65,9 @@ class DataConfig:
         vocab_size: BPE vocabulary size (each side if not joint).
         joint_vocab: One vocabulary for both languages (lets the model tie embeddings).
         min_frequency: Minimum count of a BPE merge.
+        bpe_dropout: BPE-dropout probability of the training sentences, resampled every
+            epoch (:mod:`transformer_mt.data.bpe_dropout`); evaluation and translation keep
+            the deterministic segmentation. ``0``: off.
         max_tokens: Training batch budget, padding included: ``B * max(S, T)``.
         eval_max_tokens: Decoding batch budget (validation, test, evaluate.py, translate),
             padded *source* tokens ``B * max(S)``; ``None``: ``max_tokens``.
@@ -95,6 +98,7 @@ class DataConfig:
     vocab_size: int = 512
     joint_vocab: bool = True
     min_frequency: int = 2
+    bpe_dropout: float = 0.0
     max_tokens: int = 2048
     eval_max_tokens: int | None = 4096
     max_len: int = 64
@@ -121,6 +125,7 @@ class DataConfig:
             setattr(self, key, int(getattr(self, key)))
         self.num_workers, self.num_proc = int(self.num_workers), int(self.num_proc)
         self.joint_vocab = bool(self.joint_vocab)
+        self.bpe_dropout = float(self.bpe_dropout)
         if self.eval_max_tokens is None:
             self.eval_max_tokens = self.max_tokens
         self.eval_max_tokens = int(self.eval_max_tokens)
@@ -149,6 +154,11 @@ class DataConfig:
             )
         if self.max_len < 1:
             raise ValueError(f"max_len must be at least 1, got {self.max_len}.")
+        if not 0.0 <= self.bpe_dropout < 1.0:
+            raise ValueError(
+                f"bpe_dropout must be in [0, 1), got {self.bpe_dropout}; "
+                "e.g. data.bpe_dropout=0.1 (0 turns it off)."
+            )
         for key in ("max_tokens", "eval_max_tokens"):
             value = getattr(self, key)
             if value < self.max_len + 2:  # the longest tensor row is <bos> + max_len + <eos>

@@ -10,6 +10,7 @@ described in :mod:`transformer_mt.data.collate`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,10 @@ import datasets
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from transformer_mt.data.batching import TokenBudgetBatchSampler
+from transformer_mt.data.bpe_dropout import EpochSegmentation
 from transformer_mt.data.collate import Collate, TokenizedSplit, source_limit
 from transformer_mt.data.config import DataConfig
 from transformer_mt.data.prepare import PreparedData, decode_loader, prepare
@@ -53,6 +55,28 @@ class ResumableDataLoader(DataLoader):
         sampler = self.batch_sampler
         if hasattr(sampler, "resume"):
             sampler.resume(state["epoch"], state["consumed"])
+
+
+class SegmentedSplit(Dataset):
+    """The training split with one epoch's BPE-dropout ids in place of the stored ones."""
+
+    def __init__(
+        self, index: Sequence[int], src_ids: list[list[int]], tgt_ids: list[list[int]]
+    ) -> None:
+        self.index, self.src_ids, self.tgt_ids = list(index), src_ids, tgt_ids
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitems__(self, indices: Sequence[int]) -> dict[str, list[Any]]:
+        return {
+            "src_ids": [self.src_ids[i] for i in indices],
+            "tgt_ids": [self.tgt_ids[i] for i in indices],
+            "index": [self.index[i] for i in indices],
+        }
+
+    def __getitem__(self, index: int) -> dict[str, list[Any]]:
+        return self.__getitems__([index])
 
 
 class TranslationDataModule(pl.LightningDataModule):
@@ -91,6 +115,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self.only_splits = only_splits
         self.model_max_len = model_max_len
         self.data: PreparedData | None = None
+        self._segmentation: EpochSegmentation | None = None
 
     # -------------------------------------------------------------- properties
 
@@ -162,12 +187,42 @@ class TranslationDataModule(pl.LightningDataModule):
         except RuntimeError:
             return None
 
-    def batch_sampler(self, split_name: str = "train") -> TokenBudgetBatchSampler:
-        """The shuffled token-budget sampler of a training split: ``B * max(S, T)``."""
+    def segmentation(self) -> EpochSegmentation | None:
+        """The training set's per-epoch BPE-dropout ids (``None`` when ``bpe_dropout`` is 0)."""
+        if self.config.bpe_dropout <= 0:
+            return None
+        if self._segmentation is None:
+            data = self._require_setup()
+            train = data.splits["train"]
+            self._segmentation = EpochSegmentation(
+                data.tokenizer.src,
+                data.tokenizer.tgt,
+                train["src"],
+                train["tgt"],
+                p=self.config.bpe_dropout,
+                seed=self.config.seed,
+            )
+        return self._segmentation
+
+    def _epoch(self) -> int:
+        trainer = self._trainer_or_none()
+        return 0 if trainer is None else int(trainer.current_epoch)
+
+    def batch_sampler(
+        self, split_name: str = "train", epoch: int | None = None
+    ) -> TokenBudgetBatchSampler:
+        """The shuffled token-budget sampler of a training split: ``B * max(S, T)``.
+
+        Under BPE-dropout the budget counts the lengths of ``epoch``'s sampled segmentation
+        (default: the trainer's current epoch), which are longer than the stored ones.
+        """
         data = self._require_setup()
         if split_name not in data.splits:
             raise ValueError(f"No split {split_name!r}; available: {sorted(data.splits)}.")
         src_len, tgt_len = data.lengths[split_name]
+        segmentation = self.segmentation() if split_name == "train" else None
+        if segmentation is not None:
+            src_len, tgt_len = segmentation.lengths(self._epoch() if epoch is None else epoch)
         rank, world = self._rank_and_world()
         limit = self.config.max_len
         return TokenBudgetBatchSampler(
@@ -181,12 +236,26 @@ class TranslationDataModule(pl.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
+        """This epoch's training batches. Under BPE-dropout the Trainer reloads the loader
+        every epoch (``reload_dataloaders_every_n_epochs=1``, set by the training run), and
+        each reload carries that epoch's segmentation."""
         data = self._require_setup()
         tok = data.tokenizer
         trainer = self._trainer_or_none()
+        segmentation = self.segmentation()
+        dataset: Dataset
+        if segmentation is None:
+            dataset = TokenizedSplit(data.splits["train"])
+        else:
+            epoch = self._epoch()
+            src_ids, tgt_ids = segmentation.ids(epoch)
+            dataset = SegmentedSplit(data.splits["train"]["index"], src_ids, tgt_ids)
+        sampler = self.batch_sampler("train")
+        if segmentation is not None:
+            sampler.set_epoch(epoch)
         return ResumableDataLoader(
-            TokenizedSplit(data.splits["train"]),
-            batch_sampler=self.batch_sampler("train"),
+            dataset,
+            batch_sampler=sampler,
             collate_fn=Collate(tok.pad_id, tok.bos_id, tok.eos_id, self.config.max_len),
             num_workers=self.config.num_workers,
             persistent_workers=self.config.num_workers > 0,
