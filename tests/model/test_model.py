@@ -212,3 +212,27 @@ def test_record_attention_weights_of_the_whole_model() -> None:
     assert float(decoder_self.triu(1).abs().sum()) == 0.0  # no weight on the future
     assert float(cross[1, :, :, S - 2 :].abs().sum()) == 0.0  # none on source padding
     torch.testing.assert_close(cross.sum(-1), torch.ones(B, H, T))
+
+
+def test_activation_dropout_is_its_own_knob() -> None:
+    """The feed-forward hidden units drop at ``activation_dropout``; the residual and
+    embedding dropout stay at ``dropout``; ``None`` keeps the one-dropout model."""
+    from transformer_mt.model.dropout import Dropout
+    from transformer_mt.model.layers import PositionwiseFeedForward
+
+    def rates(model: Transformer) -> tuple[set[float], set[float]]:
+        ffn = {m.dropout.p for m in model.modules() if isinstance(m, PositionwiseFeedForward)}
+        other = {
+            m.p
+            for name, m in model.named_modules()
+            if isinstance(m, Dropout) and "feed_forward" not in name
+        }
+        return ffn, other
+
+    assert rates(Transformer(tiny_config(dropout=0.1))) == ({0.1}, {0.1})
+    assert rates(Transformer(tiny_config(dropout=0.3, activation_dropout=0.0))) == ({0.0}, {0.3})
+    ffn = PositionwiseFeedForward(tiny_config(dropout=0.0, activation_dropout=0.5)).train()
+    x = torch.randn(2, 5, ffn.linear1.in_features)
+    assert not torch.allclose(ffn(x), ffn(x))
+    with pytest.raises(ValueError, match=r"model.activation_dropout must be in \[0, 1\)"):
+        tiny_config(activation_dropout=1.5)

@@ -53,6 +53,8 @@ class ModelConfig:
             must divide evenly.
         attention_dropout: dropout on the attention weights (``dropout`` is the residual,
             embedding and feed-forward dropout).
+        activation_dropout: dropout on the feed-forward layer's hidden activations
+            (fairseq's ``--activation-dropout``); ``None`` = ``dropout``.
         activation: feed-forward non-linearity, one of :data:`ACTIVATIONS`.
         norm_first: False = post-LN (the paper), True = pre-LN with a final LayerNorm.
         tie_embeddings: share the decoder's input embedding with the pre-softmax linear layer.
@@ -76,6 +78,7 @@ class ModelConfig:
     n_decoder_layers: int = 6
     dropout: float = 0.1
     attention_dropout: float = 0.0
+    activation_dropout: float | None = None
     activation: str = "relu"
     norm_first: bool = False
     tie_embeddings: bool = True
@@ -110,9 +113,9 @@ class ModelConfig:
                 f"pick n_heads that divides d_model (e.g. {_divisor_hint(self)}), or set "
                 "model.d_k and model.d_v explicitly"
             )
-        for name in ("dropout", "attention_dropout"):
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
+            if value is not None and not 0.0 <= value < 1.0:
                 raise ValueError(f"model.{name} must be in [0, 1), got {value}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(
@@ -134,6 +137,11 @@ class ModelConfig:
                 f"src_vocab_size={self.src_vocab_size} != tgt_vocab_size={self.tgt_vocab_size}; "
                 "train a joint tokenizer or set model.share_encoder_decoder_embeddings=false"
             )
+
+    @property
+    def ffn_dropout(self) -> float:
+        """The feed-forward hidden units' dropout: ``activation_dropout``, else ``dropout``."""
+        return self.dropout if self.activation_dropout is None else self.activation_dropout
 
     @property
     def attention(self) -> AttentionConfig:

@@ -41,7 +41,7 @@ class PositionwiseFeedForward(nn.Module):
         self.activation = _ACTIVATIONS[config.activation]
         # Dropout on the hidden activations, as in the reference tensor2tensor implementation
         # ("relu_dropout"); the paper only names residual dropout.
-        self.dropout = Dropout(config.dropout)
+        self.dropout = Dropout(config.ffn_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (B, L, d_model)

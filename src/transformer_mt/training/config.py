@@ -28,6 +28,7 @@ from transformer_mt.data.config import DataConfig
 from transformer_mt.errors import UserError, refuse_unknown_keys
 from transformer_mt.inference.search import SearchConfig
 from transformer_mt.model.config import ModelConfig
+from transformer_mt.training.loss import WORD_DROPOUT_MODES
 from transformer_mt.training.schedules import SCHEDULES
 
 NONFINITE_LOSS = ("stop", "skip")
@@ -46,6 +47,10 @@ class TrainingConfig:
             :class:`~transformer_mt.training.budget.TrainingBudget`, ``max_steps`` or
             ``max_epochs``, whichever ends first).
         label_smoothing: epsilon of label smoothing (the paper's 0.1).
+        word_dropout: probability of dropping each decoder input token in training
+            (:func:`~transformer_mt.training.loss.target_word_dropout`); 0 = off.
+        word_dropout_mode: ``unk`` (a dropped token becomes ``<unk>``) or ``zero`` (its
+            embedding becomes the zero vector).
         num_examples: example translations logged at each validation.
         nonfinite_loss: ``stop`` raises :class:`~transformer_mt.errors.NonFiniteLossError`;
             ``skip`` skips the batch (no optimizer step) and counts it.
@@ -56,6 +61,8 @@ class TrainingConfig:
     warmup_steps: int = 400
     lr_schedule: str = "inverse_sqrt"
     label_smoothing: float = 0.1
+    word_dropout: float = 0.0
+    word_dropout_mode: str = "unk"
     num_examples: int = 3
     nonfinite_loss: str = "stop"
     decoding: SearchConfig = field(default_factory=SearchConfig)
@@ -68,6 +75,13 @@ class TrainingConfig:
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(
                 f"module.label_smoothing must be in [0, 1), got {self.label_smoothing}"
+            )
+        if not 0.0 <= self.word_dropout < 1.0:
+            raise ValueError(f"module.word_dropout must be in [0, 1), got {self.word_dropout}")
+        if self.word_dropout_mode not in WORD_DROPOUT_MODES:
+            raise ValueError(
+                f"module.word_dropout_mode must be one of {', '.join(WORD_DROPOUT_MODES)}, "
+                f"got {self.word_dropout_mode!r}"
             )
         if self.lr_schedule not in SCHEDULES:
             raise ValueError(
@@ -141,6 +155,9 @@ class TrainSchema:
         optimized_metric: what train.py returns (and sweeps maximise): that metric of the
             last validation.
         test_after_fit: evaluate the best checkpoint on the test split after training.
+        average_last: after training, average the last N saved checkpoints into
+            ``checkpoints/average-lastN.ckpt``, which is then validated, tested and named as
+            the run's result (training/average.py); 0 = off.
         threads: torch intra-op threads (``None``: one per core). On a shared CPU one per
             job avoids oversubscription, which slows OpenMP kernels several-fold.
         budget: :class:`~transformer_mt.training.budget.TrainingBudget`'s options.
@@ -154,6 +171,7 @@ class TrainSchema:
     freeze: list[str] = field(default_factory=list)
     optimized_metric: str | None = "val/bleu"
     test_after_fit: bool = True
+    average_last: int = 0
     threads: int | None = None
     data: DataGroup = field(default_factory=DataGroup)
     model: Any = field(default_factory=ModelGroup)  # typed by its ModelGroup default

@@ -1,9 +1,32 @@
-"""The training loss: label-smoothed cross-entropy over non-pad tokens (paper section 5.4)."""
+"""The training loss: label-smoothed cross-entropy over non-pad tokens (paper section 5.4),
+and target word dropout, which perturbs the decoder's teacher-forced input."""
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+#: ``module.word_dropout_mode``: what a dropped decoder input token becomes.
+WORD_DROPOUT_MODES = ("unk", "zero")
+
+
+def target_word_dropout(tgt_in: Tensor, p: float, mode: str, *, pad_id: int, unk_id: int) -> Tensor:
+    """The decoder input ``tgt_in (B, T)`` with each token dropped with probability ``p``.
+
+    ``unk`` replaces a dropped token with ``<unk>`` (a learned "some word" embedding);
+    ``zero`` replaces it with ``<pad>``, whose embedding is the zero vector, so the position
+    keeps only its positional encoding (word dropout as in Gal and Ghahramani, 2016, and
+    Sennrich et al., 2016). The first column (``<bos>``) and padding are never dropped, and the
+    labels are untouched: the model must predict the next word without seeing every earlier
+    one. The draw uses the global RNG, which checkpoints save, so resuming replays it.
+    """
+    if p <= 0.0:
+        return tgt_in
+    drop = torch.rand(tgt_in.shape, device=tgt_in.device) < p  # (B, T)
+    drop[:, 0] = False
+    drop &= tgt_in != pad_id
+    return tgt_in.masked_fill(drop, unk_id if mode == "unk" else pad_id)
 
 
 def label_smoothed_loss(

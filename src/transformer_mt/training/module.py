@@ -18,7 +18,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
 from transformer_mt.checkpoint import CHECKPOINT_KEY, write_metadata
-from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.data.tokenizer import UNK_ID, Tokenizer
 from transformer_mt.inference.decode import best_tokens
 from transformer_mt.inference.engine import TorchEngine
 from transformer_mt.inference.metrics import corpus_scores
@@ -26,7 +26,7 @@ from transformer_mt.model.transformer import ModelConfig, Transformer
 from transformer_mt.training.budget import find_budget
 from transformer_mt.training.callbacks import stop_if_diverged
 from transformer_mt.training.config import TrainingConfig
-from transformer_mt.training.loss import label_smoothed_loss
+from transformer_mt.training.loss import label_smoothed_loss, target_word_dropout
 from transformer_mt.training.schedules import lr_factor
 from transformer_mt.training.step import (
     StepWindow,
@@ -84,7 +84,17 @@ class TranslationModule(pl.LightningModule):
 
     def _loss(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor]:
         tgt = batch["tgt"]
-        logits = self.model(batch["src"], tgt[:, :-1])  # (B, T, V)
+        tgt_in = tgt[:, :-1]
+        settings = self.training_config
+        if self.training and settings.word_dropout > 0:
+            tgt_in = target_word_dropout(
+                tgt_in,
+                settings.word_dropout,
+                settings.word_dropout_mode,
+                pad_id=self.config.pad_id,
+                unk_id=UNK_ID,
+            )
+        logits = self.model(batch["src"], tgt_in)  # (B, T, V)
         return label_smoothed_loss(
             logits, tgt[:, 1:], self.config.pad_id, self.training_config.label_smoothing
         )

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from transformer_mt.data.datamodule import TranslationDataModule
 from transformer_mt.errors import NonFiniteLossError, TrainingInterrupted
 from transformer_mt.model.transformer import ModelConfig
+from transformer_mt.training.average import average_path, check_average_last, write_average
 from transformer_mt.training.budget import TrainingBudget
 from transformer_mt.training.callbacks import (
     AtomicCheckpointIO,
@@ -328,6 +329,7 @@ def run(cfg: DictConfig | TrainSchema) -> float | None:
 
 
 def _run(cfg: TrainSchema, run_dir: Path) -> float | None:
+    check_average_last(cfg.average_last, cfg.callbacks)
     resumed = check_resume_checkpoint(cfg.ckpt_path)  # read and checked before any data
     datamodule, module, trainer = prepare_and_build(cfg)
     if resumed is not None:
@@ -343,6 +345,16 @@ def _run(cfg: TrainSchema, run_dir: Path) -> float | None:
     test_metrics: dict[str, float] = {}
     pruning = next((cb for cb in trainer.callbacks if isinstance(cb, TrialPruning)), None)
     pruned = pruning is not None and pruning.pruned_at is not None  # no test for a pruned trial
+    if cfg.average_last and not pruned and not trainer.fast_dev_run:
+        # The average is the run's result: validated (the sweep's metric), then tested.
+        if trainer.is_global_zero:
+            write_average(run_dir, cfg.average_last)
+        trainer.strategy.barrier()
+        best_path = str(average_path(run_dir, cfg.average_last))
+        results = trainer.validate(
+            module, datamodule=datamodule, ckpt_path=best_path, verbose=False
+        )
+        val_metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
     if cfg.test_after_fit and not trainer.fast_dev_run and not pruned:
         results = trainer.test(
             module, datamodule=datamodule, ckpt_path=best_path or None, verbose=False
@@ -376,16 +388,21 @@ def _print_summary(
     best = getattr(trainer.checkpoint_callback, "best_model_score", None)
     if best is not None:
         table.add_row("best val/bleu", f"{float(best):.2f}")
-    for key in ("val/bleu", "val/chrf", "val/loss"):
+    averaged = bool(cfg.average_last) and Path(best_path).name.startswith("average-last")
+    for key in ("val/bleu", "val/bleu_tok", "val/chrf", "val/loss"):
         if key in val:
-            table.add_row(f"last {key}", f"{val[key]:.3f}")
+            table.add_row(f"{'average' if averaged else 'last'} {key}", f"{val[key]:.3f}")
     for key in ("test/bleu", "test/bleu_lc", "test/bleu_tok", "test/chrf", "test/loss"):
         if key in test:
             table.add_row(key, f"{test[key]:.3f}")
     table.add_row("run dir", str(cfg.run_dir))
     validated = any(key.startswith("val/") for key in val)
     no_best = "-" if validated else "- (the run ended before its first validation)"
-    table.add_row("best checkpoint", best_path or no_best)
+    if averaged:
+        # The result of the run: what was tested, and what to evaluate and export.
+        table.add_row(f"average of the last {cfg.average_last}", best_path)
+    else:
+        table.add_row("best checkpoint", best_path or no_best)
     last = last_checkpoint(trainer)  # the file this run wrote, not a last.ckpt of another run
     if last is not None:
         table.add_row("last checkpoint", last)
