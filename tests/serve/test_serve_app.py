@@ -371,8 +371,11 @@ def test_command_line_mistakes_are_one_error_line(
             "port in use": (
                 ["--ckpt", str(tiny_ckpt), "--port", port], f"cannot listen on 127.0.0.1:{port}"),
             "ct2 flag": (
-                ["--ckpt", str(tiny_ckpt), "--compute-type", "int8"],
-                "--compute-type applies to --engine ctranslate2"),
+                ["--ckpt", str(tiny_ckpt), "--ct2-model", str(tmp_path)],
+                "--ct2-model applies to --engine ctranslate2"),
+            "torch compute type": (
+                ["--ckpt", str(tiny_ckpt), "--compute-type", "int4"],
+                "the torch engine has no compute type 'int4'; use --compute-type int8"),
             "bad limit": (["--ckpt", str(tiny_ckpt), "--max-beam", "0"], "--max-beam: got '0'"),
             "no checkpoint": (["--port", "0"], "required: --ckpt"),
             "a key a header cannot carry": (

@@ -9,11 +9,14 @@ the tokenizer, since their ids would mean different words.
 
 from __future__ import annotations
 
+import copy
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from transformer_mt.checkpoint import CheckpointError, LoadedModel
 from transformer_mt.errors import SettingError
@@ -41,18 +44,33 @@ class TorchEngine:
     """
 
     def __init__(
-        self, models: Transformer | Sequence[Transformer], *, bos_id: int, eos_id: int
+        self,
+        models: Transformer | Sequence[Transformer],
+        *,
+        bos_id: int,
+        eos_id: int,
+        compute_type: str = "default",
     ) -> None:
+        self.compute_type = check_torch_compute_type(compute_type)
         self.models = as_models(models)
+        if compute_type == "int8":
+            self.models = [quantize_int8(m) for m in self.models]
         self.bos_id, self.eos_id = bos_id, eos_id
 
     @classmethod
-    def from_loaded(cls, loaded: LoadedModel | Sequence[LoadedModel]) -> TorchEngine:
+    def from_loaded(
+        cls, loaded: LoadedModel | Sequence[LoadedModel], compute_type: str = "default"
+    ) -> TorchEngine:
         """The engine of one loaded checkpoint or an ensemble of them (checked)."""
         loaded = [loaded] if isinstance(loaded, LoadedModel) else list(loaded)
         check_ensemble(loaded)
         tok = loaded[0].tokenizer
-        return cls([m.model for m in loaded], bos_id=tok.bos_id, eos_id=tok.eos_id)
+        return cls(
+            [m.model for m in loaded],
+            bos_id=tok.bos_id,
+            eos_id=tok.eos_id,
+            compute_type=compute_type,
+        )
 
     @property
     def device(self) -> torch.device:
@@ -137,6 +155,52 @@ def _tokenizer_difference(a: LoadedModel, b: LoadedModel) -> str | None:
     return None
 
 
+#: What ``compute_type`` the torch engine runs: the checkpoint's weights as they are
+#: (``default``, ``float32``), or ``int8``: dynamic quantization of every linear layer.
+TORCH_COMPUTE_TYPES = ("default", "float32", "int8")
+
+
+def check_torch_compute_type(compute_type: str) -> str:
+    """``compute_type`` if the torch engine runs it; else one line naming those it does."""
+    if compute_type not in TORCH_COMPUTE_TYPES:
+        raise SettingError(
+            f"the torch engine has no compute type {compute_type!r}",
+            [("compute_type", "int8")],
+            lead="use",
+            tail="(or default, float32)",
+        )
+    return compute_type
+
+
+def quantize_int8(model: Transformer) -> Transformer:
+    """A copy of ``model`` whose linear layers compute in int8 (CPU decoding).
+
+    Dynamic quantization (``torch.ao.quantization.quantize_dynamic``): weights are stored as
+    int8 with one scale per layer, activations are quantized per batch as they arrive, and the
+    products accumulate in int32; embeddings, LayerNorm and softmax stay float32. The output
+    projection is quantized too (it is the largest matmul of a decoding step), which unties it
+    from the target embedding in the copy; the model passed in is left as it was.
+
+    Raises:
+        SettingError: the model is not on the CPU (PyTorch quantizes linear layers for CPUs).
+    """
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        raise SettingError(
+            f"compute type int8 runs on the CPU only, and the model is on {device}",
+            [("device", "cpu"), ("compute_type", "default")],
+            lead="use",
+        )
+    with warnings.catch_warnings():
+        # PyTorch announces that its quantized tensor types will move out of torch itself;
+        # the pinned version runs them, and the message would reach every user.
+        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*", category=UserWarning)
+        quantized = torch.ao.quantization.quantize_dynamic(
+            copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8
+        )
+    return quantized.eval()
+
+
 def open_engine(
     kind: str | None,
     loaded: Sequence[LoadedModel],
@@ -157,7 +221,7 @@ def open_engine(
             directory nor a converter.
     """
     if kind in (None, "", "torch"):
-        return TorchEngine.from_loaded(loaded)
+        return TorchEngine.from_loaded(loaded, compute_type=compute_type or "default")
     if kind != "ctranslate2":
         raise ValueError(f"unknown engine {kind!r}; use one of {', '.join(ENGINES)}")
     if len(loaded) != 1:

@@ -291,6 +291,7 @@ def _results(
         "batch_sentences": inputs.max_sentences,
         "device": device,
         "engine": cfg.engine,
+        "compute_type": cfg.compute_type,
     }
     return {
         "checkpoint": checkpoint,

@@ -239,14 +239,18 @@ class MultiHeadAttention(nn.Module):
         # Several projections are concatenated at every call, not cached: fused optimizers
         # update weights in place without bumping version counters, so a cache could not tell
         # that it is stale.
-        if len(projections) == 1:  # no copy of a single weight
-            weight, bias = projections[0].weight, projections[0].bias
-        else:
-            weight = torch.cat([p.weight for p in projections])  # (sum of outs, d_model)
-            biases = [p.bias for p in projections if p.bias is not None]
-            bias = torch.cat(biases) if biases else None  # (sum of outs,)
         sizes = [p.out_features for p in projections]
-        parts = F.linear(x, weight, bias).split(sizes, dim=-1)  # (B, L, H * d_head) each
+        if not all(isinstance(p, nn.Linear) for p in projections):
+            # Quantized (int8) layers hold packed weights: each runs as its own module.
+            parts = tuple(p(x) for p in projections)
+        else:
+            if len(projections) == 1:  # no copy of a single weight
+                weight, bias = projections[0].weight, projections[0].bias
+            else:
+                weight = torch.cat([p.weight for p in projections])  # (sum of outs, d_model)
+                biases = [p.bias for p in projections if p.bias is not None]
+                bias = torch.cat(biases) if biases else None  # (sum of outs,)
+            parts = F.linear(x, weight, bias).split(sizes, dim=-1)  # (B, L, H * d_head) each
         B, L, _ = x.shape
         return tuple(
             part.view(B, L, self.n_heads, size // self.n_heads).transpose(1, 2)  # (B, H, L, d)

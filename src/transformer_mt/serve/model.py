@@ -34,7 +34,7 @@ class ServedModel:
             decoding defaults and attention serve).
         engine: the engine that translates (default: torch over ``ensemble``).
         engine_kind: its name for ``GET /model`` (``"torch"``, ``"ctranslate2"``).
-        compute_type: CTranslate2 weights (``int8``, ``float32``, ...), for ``GET /model``.
+        compute_type: the engine's weights (``default``, ``int8``, ...), for ``GET /model``.
         threads: intra-op threads of the engine (0 = the library's default).
         max_tokens: padded source tokens per engine batch (default: the checkpoint's
             ``data.eval_max_tokens``, as for ``transformer-mt-translate``).
@@ -60,7 +60,7 @@ class ServedModel:
         )
         self.engine = self.translator.engine
         self.engine_kind = engine_kind
-        self.compute_type = compute_type or ("default" if engine_kind != "torch" else None)
+        self.compute_type = compute_type or "default"
         self.threads = threads
         self.val_bleu = val_bleu
 
