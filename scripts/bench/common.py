@@ -9,7 +9,6 @@ jobs, thermal state) hits all of them alike; the reported figure is the median o
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -24,6 +23,7 @@ from torch import Tensor, nn
 
 from transformer_mt.model.embedding import TokenEmbedding, TransformerEmbedding
 from transformer_mt.model.transformer import ModelConfig
+from transformer_mt.provenance import cpu_model
 
 #: JSON/markdown tables: a header and rows of already formatted cells.
 Table = tuple[str, list[str], list[list[str]]]
@@ -36,15 +36,6 @@ def setup_torch(threads: int, seed: int = 0) -> None:
     """Pin the intra-op thread count (the machine is shared) and seed the generators."""
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-
-
-def cpu_model() -> str:
-    """The CPU model string (what ``lscpu | grep 'Model name'`` prints)."""
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def environment() -> dict[str, Any]:

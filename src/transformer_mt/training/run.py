@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from transformer_mt.data.datamodule import TranslationDataModule
 from transformer_mt.errors import NonFiniteLossError, TrainingInterrupted
 from transformer_mt.model.transformer import ModelConfig
+from transformer_mt.provenance import write_run_info
 from transformer_mt.training.average import average_path, check_average_last, write_average
 from transformer_mt.training.budget import TrainingBudget
 from transformer_mt.training.callbacks import (
@@ -328,6 +329,15 @@ def run(cfg: DictConfig | TrainSchema) -> float | None:
             release_run_dir(run_dir)
 
 
+def _hydra_overrides() -> list[str] | None:
+    """The command-line overrides of a run Hydra started (``None`` for direct callers)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return list(HydraConfig.get().overrides.task)
+
+
 def _run(cfg: TrainSchema, run_dir: Path) -> float | None:
     check_average_last(cfg.average_last, cfg.callbacks)
     resumed = check_resume_checkpoint(cfg.ckpt_path)  # read and checked before any data
@@ -335,6 +345,8 @@ def _run(cfg: TrainSchema, run_dir: Path) -> float | None:
     if resumed is not None:
         check_resume_matches(resumed, datamodule.tokenizer, module.config, run_dir)
         del resumed
+    if trainer.is_global_zero:  # the machine, code and command beside the results
+        write_run_info(run_dir, _hydra_overrides())
     for logger in trainer.loggers:  # the whole composed config, for comparing runs and sweeps
         logger.log_hyperparams(dataclasses.asdict(cfg))
     fit(trainer, module, datamodule, cfg.ckpt_path)

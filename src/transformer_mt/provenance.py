@@ -1,0 +1,98 @@
+"""Where a number came from: the machine, the code and the command of a run.
+
+A figure holds for its machine, so every training run writes ``run_info.json`` into its run
+directory when it starts (one entry per start: a resumed run adds one), and the result records
+under ``docs/runs/`` (``scripts/record_run.py``) carry the same facts beside the metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer_mt.files import write_text_atomic
+
+RUN_INFO = "run_info.json"
+
+
+def _cpuinfo(field: str) -> str | None:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.split(":", 1)[0].strip() == field:
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU model string (what ``lscpu | grep 'Model name'`` prints)."""
+    return _cpuinfo("model name") or platform.processor() or "unknown"
+
+
+def cpu_family() -> int | None:
+    """The CPU family number (``lscpu``'s "CPU family"); ``None`` where it is not known."""
+    family = _cpuinfo("cpu family")
+    return int(family) if family and family.isdigit() else None
+
+
+def source_version(where: Path | None = None) -> dict[str, Any]:
+    """The git commit of the code that runs, and whether tracked files differ from it.
+
+    ``None`` values where the package is not a git checkout (an installed wheel).
+    """
+    where = where or Path(__file__).resolve().parent
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(where), *args], capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    changed = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit, "dirty": None if changed is None else bool(changed)}
+
+
+def machine() -> dict[str, Any]:
+    """CPU, threads, load and versions at this moment."""
+    return {
+        "cpu": cpu_model(),
+        "cpu_family": cpu_family(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def write_run_info(run_dir: Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Add this start of a run (time, command, code, machine) to ``run_dir/run_info.json``."""
+    path = run_dir / RUN_INFO
+    parts: list[dict[str, Any]] = []
+    if path.is_file():
+        with contextlib.suppress(OSError, ValueError):
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+            parts = list(loaded.get("starts", [])) if isinstance(loaded, dict) else []
+    start = {
+        "time": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "argv": list(sys.argv),
+        "overrides": list(overrides or []),
+        "source": source_version(),
+        "machine": machine(),
+    }
+    parts.append(start)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps({"starts": parts}, indent=2) + "\n")
+    return start
