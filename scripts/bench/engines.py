@@ -1,8 +1,9 @@
 """Decode speed (and BLEU) of one model in four engines, side by side.
 
-Engines: ours (torch, :mod:`transformer_mt.inference.search`), ``transformers`` ``generate`` on
-the exported model, CTranslate2 float32 and CTranslate2 int8 (the float32 conversion quantized
-at load), all on the same weights and the same thread count.
+Engines: ours (torch, :mod:`transformer_mt.inference.search`), ours with ``compute_type=int8``
+(the linear layers dynamically quantized), ``transformers`` ``generate`` on the exported model,
+CTranslate2 float32 and CTranslate2 int8 (the float32 conversion quantized at load), all on the
+same weights and the same thread count.
 
 Without ``--ckpt`` the model is random, of the decode benchmark's size (V 8000, d_model 256,
 8 heads, d_ff 1024, 3+3 layers), written by :mod:`transformer_mt.checkpoint` like any other,
@@ -39,7 +40,7 @@ QUICK = {
     "vocab": 64, "d_model": 32, "n_heads": 4, "d_ff": 64, "layers": 1,
     "batch": 4, "src_len": 6, "new_tokens": 4, "repeats": 1, "beams": [1, 2],
 }  # fmt: skip
-ENGINES = ("ours", "transformers", "ct2_float32", "ct2_int8")
+ENGINES = ("ours", "ours_int8", "transformers", "ct2_float32", "ct2_int8")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -92,6 +93,7 @@ def engines(ckpt: Path, work: Path, threads: int) -> dict[str, Any]:
     from transformer_mt.checkpoint import load_model
     from transformer_mt.export.convert import export_ctranslate2, export_huggingface
     from transformer_mt.inference.ctranslate2_engine import CTranslate2Engine
+    from transformer_mt.inference.engine import TorchEngine
 
     loaded = load_model(ckpt)
     hf_dir = export_huggingface(ckpt, work / "hf", force=True)
@@ -99,6 +101,7 @@ def engines(ckpt: Path, work: Path, threads: int) -> dict[str, Any]:
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf_dir).eval()
     return {
         "loaded": loaded,
+        "ours_int8": TorchEngine.from_loaded(loaded, compute_type="int8"),
         "hf": hf,
         "ct2_float32": CTranslate2Engine(ct2_dir, threads=threads, compute_type="float32"),
         "ct2_int8": CTranslate2Engine(ct2_dir, threads=threads, compute_type="int8"),
@@ -142,8 +145,10 @@ def random_contenders(
             max_batch_size=batch,
         )
 
+    int8 = e["ours_int8"].models[0]
     return {
         "ours": lambda: generate(loaded.model, src, bos_id=1, eos_id=eos, search=search),
+        "ours_int8": lambda: generate(int8, src, bos_id=1, eos_id=eos, search=search),
         "transformers": hf_generate,
         "ct2_float32": ct2("ct2_float32"),
         "ct2_int8": ct2("ct2_int8"),
@@ -246,8 +251,10 @@ def checkpoint_contenders(
         name: Translator(loaded, search, batch * 64, engine=e[name])
         for name in ("ct2_float32", "ct2_int8")
     }
+    int8 = Translator(loaded, search, max_sentences=batch, engine=e["ours_int8"])
     return {
         "ours": lambda n: loaded.tokenizer.decode_hypotheses(ours.translate_ids(ids[:n])),
+        "ours_int8": lambda n: loaded.tokenizer.decode_hypotheses(int8.translate_ids(ids[:n])),
         "transformers": hf_translator(e, ids, search, batch),
         "ct2_float32": lambda n: ct2["ct2_float32"].translate(sources[:n]),
         "ct2_int8": lambda n: ct2["ct2_int8"].translate(sources[:n]),
