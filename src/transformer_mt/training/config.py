@@ -51,6 +51,9 @@ class TrainingConfig:
             (:func:`~transformer_mt.training.loss.target_word_dropout`); 0 = off.
         word_dropout_mode: ``unk`` (a dropped token becomes ``<unk>``) or ``zero`` (its
             embedding becomes the zero vector).
+        loss_chunk_tokens: compute the output projection and the loss this many target tokens
+            at a time (:func:`~transformer_mt.training.loss.chunked_label_smoothed_loss`,
+            the same loss without the whole logits tensor); 0 = the plain loss.
         num_examples: example translations logged at each validation.
         nonfinite_loss: ``stop`` raises :class:`~transformer_mt.errors.NonFiniteLossError`;
             ``skip`` skips the batch (no optimizer step) and counts it.
@@ -63,6 +66,7 @@ class TrainingConfig:
     label_smoothing: float = 0.1
     word_dropout: float = 0.0
     word_dropout_mode: str = "unk"
+    loss_chunk_tokens: int = 0
     num_examples: int = 3
     nonfinite_loss: str = "stop"
     decoding: SearchConfig = field(default_factory=SearchConfig)
@@ -78,6 +82,11 @@ class TrainingConfig:
             )
         if not 0.0 <= self.word_dropout < 1.0:
             raise ValueError(f"module.word_dropout must be in [0, 1), got {self.word_dropout}")
+        if self.loss_chunk_tokens < 0:
+            raise ValueError(
+                f"module.loss_chunk_tokens must be >= 0 (0: the plain loss), "
+                f"got {self.loss_chunk_tokens}"
+            )
         if self.word_dropout_mode not in WORD_DROPOUT_MODES:
             raise ValueError(
                 f"module.word_dropout_mode must be one of {', '.join(WORD_DROPOUT_MODES)}, "

@@ -3,6 +3,8 @@ and target word dropout, which perturbs the decoder's teacher-forced input."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -55,3 +57,89 @@ def label_smoothed_loss(
         loss = nll_total / n_tokens
     nll_sum = nll_total.detach()
     return loss, nll_sum, n_tokens
+
+
+class _ChunkedProjectionLoss(torch.autograd.Function):
+    """The output projection and the label-smoothed loss, a chunk of tokens at a time.
+
+    Forward computes each chunk's logits, its share of the loss and, at once, the gradients of
+    the loss with respect to the chunk's hidden states and to the projection weight (the
+    gradient of a softmax cross-entropy needs nothing but the chunk's own probabilities), so
+    the ``(tokens x vocabulary)`` logits and their gradient never exist whole. Backward scales
+    the stored gradients by the incoming one.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]  # noqa: PLR0917 (apply takes positional arguments)
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        target: Tensor,
+        pad_id: int,
+        label_smoothing: float,
+        chunk: int,
+    ) -> tuple[Tensor, Tensor]:
+        vocab = weight.size(0)
+        keep = target != pad_id  # (N,)
+        n_tokens = keep.sum()
+        # Softmax and sums in float32 at least, as the plain loss computes them.
+        acc = torch.promote_types(hidden.dtype, torch.float32)
+        scale = 1.0 / n_tokens.clamp(min=1).to(acc)
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+        loss_sum = hidden.new_zeros((), dtype=acc)
+        nll_sum = hidden.new_zeros((), dtype=acc)
+        w = weight.to(hidden.dtype)
+        wants_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        for start in range(0, hidden.size(0), chunk):
+            h = hidden[start : start + chunk]  # (c, d)
+            t, k = target[start : start + chunk], keep[start : start + chunk]
+            logits = (h @ w.t()).to(acc)  # (c, V)
+            lse = torch.logsumexp(logits, dim=-1)  # (c,)
+            nll = (lse - logits.gather(1, t[:, None]).squeeze(1)).masked_fill(~k, 0.0)
+            nll_sum += nll.sum()
+            if label_smoothing > 0.0:
+                uniform = (lse - logits.mean(dim=-1)).masked_fill(~k, 0.0)  # mean_j(-log p_j)
+                loss_sum += ((1.0 - label_smoothing) * nll + label_smoothing * uniform).sum()
+            else:
+                loss_sum += nll.sum()
+            if not wants_grad:  # validation: the loss alone
+                continue
+            # d loss / d logits = (p - (1 - eps) onehot(t) - eps / V) / N on kept rows.
+            grad = torch.softmax(logits, dim=-1).sub_(label_smoothing / vocab)
+            grad[torch.arange(len(t), device=t.device), t] -= 1.0 - label_smoothing
+            grad.mul_((k.to(acc) * scale)[:, None])
+            grad_hidden[start : start + chunk] = (grad.to(w.dtype) @ w).to(hidden.dtype)
+            grad_weight += grad.t() @ h.to(acc)
+        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+        ctx.mark_non_differentiable(nll_sum)
+        return loss_sum / n_tokens, nll_sum
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None, None, None
+
+
+def chunked_label_smoothed_loss(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    *,
+    pad_id: int,
+    label_smoothing: float,
+    chunk_tokens: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`label_smoothed_loss` of ``hidden @ weight.T``, without the whole logits tensor.
+
+    ``hidden (B, T, d_model)`` are the decoder's outputs, ``weight (V, d_model)`` the output
+    projection (the generator). The result equals ``label_smoothed_loss(hidden @ weight.T,
+    target, ...)`` (a test holds them equal, values and gradients), computed ``chunk_tokens``
+    rows at a time.
+    """
+    flat = hidden.reshape(-1, hidden.size(-1))  # (N, d)
+    flat_target = target.reshape(-1)  # (N,)
+    loss, nll_sum = _ChunkedProjectionLoss.apply(
+        flat, weight, flat_target, pad_id, label_smoothing, int(chunk_tokens)
+    )
+    return loss, nll_sum, (flat_target != pad_id).sum()

@@ -26,7 +26,11 @@ from transformer_mt.model.transformer import ModelConfig, Transformer
 from transformer_mt.training.budget import find_budget
 from transformer_mt.training.callbacks import stop_if_diverged
 from transformer_mt.training.config import TrainingConfig
-from transformer_mt.training.loss import label_smoothed_loss, target_word_dropout
+from transformer_mt.training.loss import (
+    chunked_label_smoothed_loss,
+    label_smoothed_loss,
+    target_word_dropout,
+)
 from transformer_mt.training.schedules import lr_factor
 from transformer_mt.training.step import (
     StepWindow,
@@ -94,10 +98,19 @@ class TranslationModule(pl.LightningModule):
                 pad_id=self.config.pad_id,
                 unk_id=UNK_ID,
             )
+        if settings.loss_chunk_tokens:
+            # The same loss without the whole (tokens x vocabulary) logits and their gradient.
+            states = self.model.decoder_states(batch["src"], tgt_in)  # (B, T, d_model)
+            return chunked_label_smoothed_loss(
+                states,
+                self.model.generator.weight,
+                tgt[:, 1:],
+                pad_id=self.config.pad_id,
+                label_smoothing=settings.label_smoothing,
+                chunk_tokens=settings.loss_chunk_tokens,
+            )
         logits = self.model(batch["src"], tgt_in)  # (B, T, V)
-        return label_smoothed_loss(
-            logits, tgt[:, 1:], self.config.pad_id, self.training_config.label_smoothing
-        )
+        return label_smoothed_loss(logits, tgt[:, 1:], self.config.pad_id, settings.label_smoothing)
 
     def on_train_start(self) -> None:
         self._window.reset()
