@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from transformer_mt.data.directions import parse_directions, summary_languages
+
 SOURCES = ("hub", "files", "generated")
 FILE_FORMATS = ("auto", "parallel", "tsv", "jsonl")
 TASKS = ("sentences", "numbers")
@@ -62,6 +64,10 @@ class DataConfig:
         number_range: Generated numbers are drawn from ``[low, high]`` (inclusive).
         task: Generated task: ``"sentences"`` (template sentences, see
             :mod:`transformer_mt.data.numbers`) or ``"numbers"`` (bare number words).
+        directions: Several directions for one model (``["de-en", "fr-en"]``,
+            :mod:`transformer_mt.data.directions`): each source gets its target language's
+            tag, ``src_lang``/``tgt_lang`` become the shared languages (or ``mul``). Empty:
+            the one direction ``src_lang -> tgt_lang``.
         vocab_size: BPE vocabulary size (each side if not joint).
         joint_vocab: One vocabulary for both languages (lets the model tie embeddings).
         min_frequency: Minimum count of a BPE merge.
@@ -95,6 +101,7 @@ class DataConfig:
     sizes: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_SIZES))
     number_range: tuple[int, int] = (2, 99999)
     task: str = "sentences"
+    directions: list[str] = field(default_factory=list)
     vocab_size: int = 512
     joint_vocab: bool = True
     min_frequency: int = 2
@@ -113,6 +120,9 @@ class DataConfig:
         self.hub_splits = {str(k): str(v) for k, v in dict(self.hub_splits).items()}
         self.prefixes = {str(k): str(v) for k, v in dict(self.prefixes).items()}
         self.sizes = {str(k): int(v) for k, v in dict(self.sizes).items()}
+        self.directions = [str(d).strip() for d in list(self.directions or [])]
+        if self.directions:
+            self.src_lang, self.tgt_lang = summary_languages(parse_directions(self.directions))
         if len(self.number_range) != 2:
             raise ValueError(
                 f"data.number_range must be [low, high], got {list(self.number_range)}; "
@@ -147,7 +157,7 @@ class DataConfig:
             raise ValueError(
                 f"Unknown generated task {self.task!r}; use data.task=sentences or numbers."
             )
-        if self.src_lang == self.tgt_lang:
+        if self.src_lang == self.tgt_lang and not self.directions:
             raise ValueError(
                 f"src_lang and tgt_lang are both {self.src_lang!r}; set two different "
                 "languages, e.g. data.src_lang=en data.tgt_lang=de."
@@ -166,6 +176,17 @@ class DataConfig:
                     f"{key}={value} cannot hold one sentence of max_len={self.max_len} "
                     f"(+2 special tokens); raise data.{key} or lower data.max_len."
                 )
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        """The ``(src, tgt)`` of every direction: several, or the one of the languages."""
+        if self.directions:
+            return parse_directions(self.directions)
+        return [(self.src_lang, self.tgt_lang)]
+
+    @property
+    def multilingual(self) -> bool:
+        return bool(self.directions)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only (lists, not tuples): for checkpoints and YAML."""

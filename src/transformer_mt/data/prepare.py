@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader
 from transformer_mt.data.batching import decode_sampler
 from transformer_mt.data.collate import Collate, TokenizedSplit
 from transformer_mt.data.config import DataConfig
+from transformer_mt.data.directions import tag, target_languages
 from transformer_mt.data.sources import iter_texts, load_corpus
 from transformer_mt.data.tokenizer import FILENAME, Tokenizer
 
@@ -53,6 +54,13 @@ _ID_FEATURES = datasets.Features(
         "index": datasets.Value("int64"),
     }
 )
+
+
+def _features(split: datasets.Dataset) -> datasets.Features:
+    """The tokenized columns, with the ``direction`` of a multilingual corpus kept."""
+    if "direction" not in split.column_names:
+        return _ID_FEATURES
+    return datasets.Features({**_ID_FEATURES, "direction": datasets.Value("string")})
 
 
 @dataclass
@@ -80,6 +88,13 @@ class _Encode:
     def __call__(self, batch: dict[str, list[str]], indices: list[int]) -> dict[str, list[Any]]:
         src_ids = self.tokenizer.encode_src_batch(batch["src"])
         tgt_ids = self.tokenizer.encode_tgt_batch(batch["tgt"])
+        if "direction" in batch:  # several directions: the target language's tag leads
+            tags = {}
+            for d in set(batch["direction"]):
+                tags[d] = self.tokenizer.tag_id(d.split("-", 1)[1])
+                if tags[d] is None:
+                    raise ValueError(f"the tokenizer has no target tag for direction {d}")
+            src_ids = [[tags[d], *ids] for d, ids in zip(batch["direction"], src_ids)]
         return {
             "src_ids": src_ids,
             "tgt_ids": tgt_ids,
@@ -220,14 +235,45 @@ def _no_progress_bars() -> Iterator[None]:
             datasets_logging.enable_progress_bar()
 
 
+def _tokenizer_texts(config: DataConfig, train: datasets.Dataset) -> tuple[Any, Any]:
+    """The text the BPE learns from: both sides of the training split; with several
+    directions each language's training text once (many-to-English would otherwise count
+    every English sentence once per direction)."""
+    if not config.multilingual:
+        return iter_texts(train, ("src",)), iter_texts(train, ("tgt",))
+    if not config.joint_vocab:
+        raise ValueError(
+            "data.directions needs one joint vocabulary for all its languages; "
+            "set data.joint_vocab=true"
+        )
+    texts: list[Any] = []
+    seen: set[str] = set()
+    directions = train["direction"]
+    for src, tgt in config.pairs:
+        for lang, column in ((src, "src"), (tgt, "tgt")):
+            if lang in seen:
+                continue
+            seen.add(lang)
+            rows = [i for i, d in enumerate(directions) if d == f"{src}-{tgt}"]
+            texts.append(iter_texts(train.select(rows), (column,)))
+    return _chained(texts), iter([])
+
+
+def _chained(streams: list[Any]) -> Iterator[list[str]]:
+    for stream in streams:
+        yield from stream
+
+
 def _load_or_train_tokenizer(
     config: DataConfig, train: datasets.Dataset, path: Path | None
 ) -> Tokenizer:
-    wanted = {
+    wanted: dict[str, Any] = {
         "vocab_size": config.vocab_size,
         "min_frequency": config.min_frequency,
         "joint": config.joint_vocab,
     }
+    if config.multilingual:
+        wanted["tags"] = [tag(lang) for lang in target_languages(config.pairs)]
     if path is not None and path.is_file():
         tokenizer = Tokenizer.load(path)
         check_languages(tokenizer, config, str(path))
@@ -238,15 +284,18 @@ def _load_or_train_tokenizer(
             )
         log.info("Reusing the tokenizer in %s (%r)", path, tokenizer)
         return tokenizer
+    src_texts, tgt_texts = _tokenizer_texts(config, train)
     tokenizer = Tokenizer.train(
-        iter_texts(train, ("src",)),
-        iter_texts(train, ("tgt",)),
+        src_texts,
+        tgt_texts,
         vocab_size=config.vocab_size,
         joint=config.joint_vocab,
         min_frequency=config.min_frequency,
         src_lang=config.src_lang,
         tgt_lang=config.tgt_lang,
     )
+    if config.multilingual:
+        tokenizer.add_target_tags(target_languages(config.pairs))
     if path is not None:
         tokenizer.save(path.parent)
         log.info("Saved the tokenizer to %s", path)
@@ -275,7 +324,7 @@ def _tokenize(
         batch_size=1000,
         with_indices=True,
         num_proc=config.num_proc if config.num_proc > 1 and len(split) > 10000 else None,
-        features=_ID_FEATURES,
+        features=_features(split),
         cache_file_name=cache_file,
         load_from_cache_file=cache_file is not None,
         keep_in_memory=cache_file is None,

@@ -168,6 +168,8 @@ class Tokenizer:
                     )
             if tok.post_processor is None:
                 add_eos_post_processor(tok)
+        if self.config.get("tags"):
+            self._tags_only_by_id()
 
     # ------------------------------------------------------------------ training
 
@@ -204,6 +206,56 @@ class Tokenizer:
             tokenizer.tgt_vocab_size,
         )
         return tokenizer
+
+    def add_target_tags(self, langs: Sequence[str]) -> None:
+        """Add the target-language tags (``<2de>``, ...) as special tokens of the source side.
+
+        They get the ids after the trained vocabulary, in the order given, and are recorded
+        in ``config["tags"]``, so a reused tokenizer is checked for them.
+
+        Raises:
+            ValueError: a tag is already a subword of the vocabulary (the training text
+                holds it literally), so it could not mark the target language alone.
+        """
+        from tokenizers import AddedToken
+
+        from transformer_mt.data.directions import tag
+
+        tags = [tag(lang) for lang in langs]
+        for side in {id(self.src): self.src, id(self.tgt): self.tgt}.values():
+            clash = [t for t in tags if side.token_to_id(t) is not None]
+            if clash:
+                raise ValueError(
+                    f"the language tag(s) {clash} are already pieces of the BPE vocabulary "
+                    "(the training text contains them literally); remove them from the "
+                    "training text, or rename the language codes in data.directions"
+                )
+        self.src.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tags])
+        if not self.joint:
+            self.tgt.add_special_tokens(
+                [AddedToken(t, special=True, normalized=False) for t in tags]
+            )
+        self.config["tags"] = tags
+        self._tags_only_by_id()
+
+    def _tags_only_by_id(self) -> None:
+        # A tag is put in front of the ids, never read from text: "<2fr>" typed in a sentence
+        # is the characters it is, not an order to translate into French.
+        for side in (self.src, self.tgt):
+            side.encode_special_tokens = True
+
+    def tag_id(self, lang: str) -> int | None:
+        """The id of ``lang``'s target tag, or ``None`` when this tokenizer has none."""
+        from transformer_mt.data.directions import tag
+
+        if tag(lang) not in self.config.get("tags", []):
+            return None
+        return self.src.token_to_id(tag(lang))
+
+    @property
+    def target_languages(self) -> list[str]:
+        """The languages this tokenizer has target tags for (empty: one direction)."""
+        return [t[2:-1] for t in self.config.get("tags", [])]
 
     # ---------------------------------------------------------------- properties
 

@@ -35,16 +35,43 @@ REQUIRED_SPLITS = ("train", "validation", "test")
 def load_corpus(config: DataConfig) -> datasets.DatasetDict:
     """Load the corpus ``config`` describes, as ``src``/``tgt`` text columns.
 
+    With several ``data.directions`` each direction is loaded as its own corpus and the splits
+    are concatenated, with a ``direction`` column (``"de-en"``) naming each row's.
+
     Raises:
         FileNotFoundError, ValueError, ConnectionError: with the path or
             value at fault and how to fix it.
     """
+    if config.multilingual:
+        return _load_directions(config)
+    return _load_one(config, config.src_lang, config.tgt_lang)
+
+
+def _load_directions(config: DataConfig) -> datasets.DatasetDict:
+    parts: dict[str, list[datasets.Dataset]] = {}
+    for src, tgt in config.pairs:
+        corpus = _load_one(config, src, tgt)
+        for split, data in corpus.items():
+            column = [f"{src}-{tgt}"] * len(data)
+            parts.setdefault(split, []).append(data.add_column("direction", column))
+    missing = {s for s, p in parts.items() if len(p) != len(config.pairs)}
+    if missing:
+        raise ValueError(
+            f"split(s) {sorted(missing)} exist for some directions only; every direction "
+            "needs the same splits (data.prefixes / hub_splits)"
+        )
+    return datasets.DatasetDict(
+        {split: datasets.concatenate_datasets(p) for split, p in parts.items()}
+    )
+
+
+def _load_one(config: DataConfig, src_lang: str, tgt_lang: str) -> datasets.DatasetDict:
     if config.source == "hub":
         corpus = load_hub_corpus(
             config.hub_id,
             config.hub_config,
-            config.src_lang,
-            config.tgt_lang,
+            src_lang,
+            tgt_lang,
             splits=config.hub_splits,
             revision=config.hub_revision,
         )
@@ -56,15 +83,15 @@ def load_corpus(config: DataConfig) -> datasets.DatasetDict:
             )
         corpus = load_files_corpus(
             config.dir,
-            config.src_lang,
-            config.tgt_lang,
+            src_lang,
+            tgt_lang,
             prefixes=config.prefixes,
             file_format=config.file_format,
         )
     else:
         corpus = generate_numbers_corpus(
-            src_lang=config.src_lang,
-            tgt_lang=config.tgt_lang,
+            src_lang=src_lang,
+            tgt_lang=tgt_lang,
             sizes=config.sizes,
             number_range=config.number_range,
             seed=config.seed,
