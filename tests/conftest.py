@@ -135,6 +135,25 @@ def write_corpus(directory: Path, lines: int = 30, **overrides: bytes) -> Path:
     return directory
 
 
+#: A few words in three languages, for corpora of several directions.
+MULTI_WORDS = {
+    "en": ["one", "two", "three", "house", "tree", "river"],
+    "de": ["eins", "zwei", "drei", "Haus", "Baum", "Fluss"],
+    "fr": ["un", "deux", "trois", "maison", "arbre", "rivière"],
+}
+
+
+def write_multi_corpus(directory: Path, lines: int = 30, langs=("en", "de", "fr")) -> Path:
+    """Line-aligned {train,val,test}.{lang}: the same sentences in each language."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for prefix in ("train", "val", "test"):
+        for lang in langs:
+            words = MULTI_WORDS[lang]
+            text = "".join(f"{words[i % 3]} {words[3 + i % 3]} {i}\n" for i in range(lines))
+            (directory / f"{prefix}.{lang}").write_text(text, encoding="utf-8")
+    return directory
+
+
 def regular_file(tmp: Path) -> Path:
     """A path under which nothing can be created, even by root (unlike chmod 500)."""
     path = tmp / "a_file"

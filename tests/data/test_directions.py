@@ -10,22 +10,7 @@ from transformer_mt.data.config import DataConfig
 from transformer_mt.data.datamodule import TranslationDataModule
 from transformer_mt.data.directions import parse_directions, summary_languages
 
-WORDS = {
-    "en": ["one", "two", "three", "house", "tree", "river"],
-    "de": ["eins", "zwei", "drei", "Haus", "Baum", "Fluss"],
-    "fr": ["un", "deux", "trois", "maison", "arbre", "rivière"],
-}
-
-
-def write_multi_corpus(directory: Path, lines: int = 30, langs=("en", "de", "fr")) -> Path:
-    """Line-aligned {train,val,test}.{lang}: the same sentences in each language."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for prefix in ("train", "val", "test"):
-        for lang in langs:
-            words = WORDS[lang]
-            text = "".join(f"{words[i % 3]} {words[3 + i % 3]} {i}\n" for i in range(lines))
-            (directory / f"{prefix}.{lang}").write_text(text, encoding="utf-8")
-    return directory
+from conftest import write_multi_corpus
 
 
 def multi_dm(corpus: Path, directions: list[str], **overrides) -> TranslationDataModule:

@@ -261,14 +261,9 @@ class TranslationModule(pl.LightningModule):
         if outputs:
             # DDP ranks may pad with repeated batches; keep one output per example, in order.
             by_index = {i: (src, ref, hyp) for i, src, ref, hyp in outputs}
-            ordered = [by_index[i] for i in sorted(by_index)]
-            scores = corpus_scores(
-                [o[2] for o in ordered], [o[1] for o in ordered], lang=self._target_language()
-            )
-            metrics[f"{stage}/bleu"] = scores.bleu
-            metrics[f"{stage}/bleu_lc"] = scores.bleu_lc
-            metrics[f"{stage}/bleu_tok"] = scores.bleu_tok
-            metrics[f"{stage}/chrf"] = scores.chrf
+            indices = sorted(by_index)
+            ordered = [by_index[i] for i in indices]
+            metrics.update(self._scores(stage, indices, ordered))
             if self.trainer.is_global_zero and not self.trainer.sanity_checking:
                 for src, ref, hyp in ordered[: self.training_config.num_examples]:
                     log.info("[%s] src: %s\n        ref: %s\n        hyp: %s", stage, src, ref, hyp)
@@ -276,6 +271,43 @@ class TranslationModule(pl.LightningModule):
             # Values are already global (gathered above): no further reduction across ranks.
             self.log(name, value, prog_bar=name.endswith(("bleu", "loss")), rank_zero_only=False)
         return metrics
+
+    def _scores(
+        self, stage: str, indices: list[int], ordered: list[tuple[str, str, str]]
+    ) -> dict[str, float]:
+        """BLEU, lowercased and tokenized BLEU and chrF of the split; with several directions
+        each direction's (``val/bleu/de-en``) and their mean as ``val/bleu`` (what
+        checkpointing and pruning watch), so every direction counts alike."""
+        names = ("bleu", "bleu_lc", "bleu_tok", "chrf")
+        directions = self._row_directions(stage)
+        if directions is None:
+            scores = corpus_scores(
+                [o[2] for o in ordered], [o[1] for o in ordered], lang=self._target_language()
+            )
+            return {f"{stage}/{n}": getattr(scores, n) for n in names}
+        groups: dict[str, list[tuple[str, str]]] = {}
+        for i, (_, ref, hyp) in zip(indices, ordered):
+            groups.setdefault(directions[i], []).append((hyp, ref))
+        metrics: dict[str, float] = {}
+        per = {
+            d: corpus_scores([h for h, _ in rows], [r for _, r in rows], lang=d.split("-", 1)[1])
+            for d, rows in sorted(groups.items())
+        }
+        for n in names:
+            for d, scores in per.items():
+                metrics[f"{stage}/{n}/{d}"] = getattr(scores, n)
+            metrics[f"{stage}/{n}"] = sum(getattr(sc, n) for sc in per.values()) / len(per)
+        return metrics
+
+    def _row_directions(self, stage: str) -> list[str] | None:
+        """The direction of each row of the split being scored, for a multilingual corpus."""
+        data = getattr(self._trainer, "datamodule", None) if self._trainer else None
+        split = (getattr(data, "splits", None) or {}).get(
+            "validation" if stage == "val" else stage
+        )
+        if split is None or "direction" not in split.column_names:
+            return None
+        return list(split["direction"])
 
     def _target_language(self) -> str:
         """The language bleu_tok tokenises for: the data's target, else the tokenizer's."""
