@@ -43,3 +43,75 @@ def test_the_checkpoint_knows_its_directions_and_tags(multi_run: Path) -> None:
     assert loaded.data["directions"] == ["en-de", "en-fr"]
     assert loaded.tokenizer.target_languages == ["de", "fr"]
     assert (loaded.src_lang, loaded.tgt_lang) == ("en", "mul")
+
+
+def test_evaluate_reports_each_direction(multi_run: Path, tmp_path: Path) -> None:
+    from conftest import evaluate
+
+    results = evaluate(tmp_path, f"ckpt_path={multi_run / 'checkpoints' / 'last.ckpt'}")
+    per = results["directions"]
+    assert sorted(per) == ["en-de", "en-fr"]
+    assert per["en-de"]["n_sentences"] == per["en-fr"]["n_sentences"] == 30
+    mean = (per["en-de"]["metrics"]["bleu"] + per["en-fr"]["metrics"]["bleu"]) / 2
+    assert results["metrics"]["bleu"] == pytest.approx(mean)
+
+
+def test_translate_picks_the_target_language_and_refuses_others(
+    multi_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from transformer_mt.cli.translate import main as translate_main
+
+    ckpt = str(multi_run / "checkpoints" / "last.ckpt")
+    source = tmp_path / "in.en"
+    source.write_text("one house 3\ntwo tree 4\n", encoding="utf-8")
+    outputs = {}
+    for lang in ("de", "fr"):
+        out = tmp_path / f"out.{lang}"
+        argv = ["--ckpt", ckpt, "--tgt-lang", lang, "-i", str(source), "-o", str(out), "-q"]
+        assert translate_main(argv) == 0
+        outputs[lang] = out.read_text(encoding="utf-8")
+    assert outputs["de"].count("\n") == outputs["fr"].count("\n") == 2
+    capsys.readouterr()
+    for argv, words in (
+        (["--tgt-lang", "cs"], "was not trained to translate into cs; it translates into de, fr"),
+        ([], "translates into de, fr: choose one; e.g. --tgt-lang de"),
+    ):
+        code = translate_main(["--ckpt", ckpt, *argv, "-i", str(source), "-o", str(tmp_path / "x")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and words in err[0], err
+    assert not (tmp_path / "x").exists()
+
+
+def test_score_and_serve_put_the_tag_in_front(multi_run: Path) -> None:
+    from transformer_mt.checkpoint import load_model
+    from transformer_mt.inference.score import score_pairs
+    from transformer_mt.inference.translator import Translator
+    from transformer_mt.serve.model import ServedModel
+
+    ckpt = multi_run / "checkpoints" / "last.ckpt"
+    loaded = load_model(ckpt)
+    fr = Translator(loaded, tgt_lang="fr")
+    de = Translator(loaded, tgt_lang="de")
+    assert fr.encode(["one house"])[0][0] == loaded.tokenizer.tag_id("fr")
+    pair = (["one house 3"], ["un maison 3"])
+    assert score_pairs(fr, *pair)[0].token_log_probs != score_pairs(de, *pair)[0].token_log_probs
+    served = ServedModel.open(ckpt, tgt_lang="fr")
+    assert served.info()["tgt_lang"] == "fr"
+    assert served.info()["target_languages"] == ["de", "fr"]
+    assert served.translator.translate(["one house 3"]) == fr.translate(["one house 3"])
+
+
+def test_an_ensemble_of_a_multilingual_and_a_bilingual_checkpoint_is_one_line(
+    multi_run: Path, tiny_run_dir: Path
+) -> None:
+    from transformer_mt.checkpoint import CheckpointError, load_model
+    from transformer_mt.inference.engine import check_ensemble
+
+    from conftest import best_checkpoint
+
+    pair = [
+        load_model(multi_run / "checkpoints" / "last.ckpt"),
+        load_model(best_checkpoint(tiny_run_dir)),
+    ]
+    with pytest.raises(CheckpointError, match=r"is multilingual \(into de, fr\) and"):
+        check_ensemble(pair)

@@ -88,6 +88,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="padded source tokens per batch (default: the checkpoint's data.eval_max_tokens)",
     )
     parser.add_argument("--batch-size", type=int, help="sentences per batch (instead of tokens)")
+    parser.add_argument(
+        "--tgt-lang",
+        help="the language to translate into, for a multilingual checkpoint (its tag leads "
+        "every source); a checkpoint of one direction takes only its own",
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
     parser.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
     parser.add_argument("-q", "--quiet", action="store_true", help="only errors on stderr")
@@ -130,5 +135,9 @@ def open_translator(args: argparse.Namespace) -> Translator:
         convert=converter(args.engine, args.ct2_model),
     )
     return Translator(
-        loaded, max_tokens=args.max_tokens, max_sentences=args.batch_size, engine=engine
+        loaded,
+        max_tokens=args.max_tokens,
+        max_sentences=args.batch_size,
+        engine=engine,
+        tgt_lang=args.tgt_lang,
     )

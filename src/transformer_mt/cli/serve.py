@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_engine_arguments(parser)
     parser.add_argument(
+        "--tgt-lang",
+        help="the language a multilingual checkpoint translates into, for every request",
+    )
+    parser.add_argument(
         "--threads", type=int_range(0, 1024), default=0, help="engine threads (0 = default)"
     )
     _add_access_arguments(parser)
@@ -245,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             model = ServedModel.open(
                 args.ckpt, engine=args.engine, ct2_model=args.ct2_model,
-                compute_type=args.compute_type, threads=args.threads,
+                compute_type=args.compute_type, threads=args.threads, tgt_lang=args.tgt_lang,
                 convert=converter(args.engine, args.ct2_model),
             )  # fmt: skip
         except (ValueError, OSError) as err:

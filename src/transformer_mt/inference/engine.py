@@ -13,6 +13,7 @@ import copy
 import os
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -141,6 +142,13 @@ def check_ensemble(loaded: Sequence[LoadedModel]) -> None:
 
 def _tokenizer_difference(a: LoadedModel, b: LoadedModel) -> str | None:
     ta, tb = a.tokenizer, b.tokenizer
+    if bool(ta.target_languages) != bool(tb.target_languages):
+        multi, single = (a, b) if ta.target_languages else (b, a)
+        return (
+            f"{Path(multi.path).name} is multilingual (into "
+            f"{', '.join(multi.tokenizer.target_languages)}) and {Path(single.path).name} "
+            f"translates one direction"
+        )
     for what, x, y in (
         ("source vocabulary size", ta.src_vocab_size, tb.src_vocab_size),
         ("target vocabulary size", ta.tgt_vocab_size, tb.tgt_vocab_size),

@@ -100,6 +100,8 @@ class EvalInputs:
     max_tokens: int | None
     max_sentences: int | None
     info: dict[str, Any]
+    #: each line's direction (``"en-de"``) when a multilingual split is evaluated
+    directions: list[str] | None = None
 
 
 def checkpoint_paths(cfg: EvalSchema) -> list[Path]:
@@ -130,6 +132,7 @@ def _file_inputs(cfg: EvalSchema, loaded: list[LoadedModel], engine: Engine) -> 
         max_tokens=cfg.batch.max_tokens,
         max_sentences=cfg.batch.sentences,
         engine=engine,
+        tgt_lang=cfg.tgt_lang,
     )
     batches = translator.batches(translator.encode(sources, where=source_file))
     info = {
@@ -153,13 +156,15 @@ def _split_inputs(cfg: EvalSchema, loaded: list[LoadedModel]) -> EvalInputs:
     batches = decode_loader(
         prepared, split, limit, max_tokens=max_tokens, max_sentences=max_sentences
     )
+    rows = prepared.splits[split]
     return EvalInputs(
-        list(prepared.splits[split]["src"]),
-        list(prepared.splits[split]["tgt"]),
+        list(rows["src"]),
+        list(rows["tgt"]),
         batches,
         max_tokens,
         max_sentences,
         {"split": split, "origin": origin, "config": data.to_dict()},
+        list(rows["direction"]) if "direction" in rows.column_names else None,
     )
 
 
@@ -211,8 +216,20 @@ def run(cfg: EvalSchema, *, convert: Converter | None = None) -> dict[str, Any]:
         raise DataMismatchError(
             f"nothing to evaluate: {where} has no lines; pass a file or split with sentences"
         )
+    if inputs.directions is not None and (
+        cfg.prefix_file or cfg.constraints_file or cfg.alignments
+    ):
+        raise DataMismatchError(
+            "prefixes, constraints and alignments of a multilingual split are not supported; "
+            "evaluate one direction's files with source_file=... tgt_lang=..."
+        )
     translator = Translator(
-        loaded, max_tokens=inputs.max_tokens, max_sentences=inputs.max_sentences, engine=engine
+        loaded,
+        max_tokens=inputs.max_tokens,
+        max_sentences=inputs.max_sentences,
+        engine=engine,
+        # A multilingual split carries its own tags; the translator's language is unused.
+        tgt_lang=cfg.tgt_lang or (loaded[0].tokenizer.target_languages or [None])[0],
     )
     _steer(cfg, translator, inputs)
     nbest_lists, elapsed = _timed_decode(
@@ -221,7 +238,11 @@ def run(cfg: EvalSchema, *, convert: Converter | None = None) -> dict[str, Any]:
     texts = _texts(loaded[0].tokenizer, nbest_lists)
     results = _results(cfg, loaded, inputs, search, device=device, elapsed=elapsed)
     if inputs.references is not None:
-        results.update(_metrics(texts, inputs.references, lang=loaded[0].tgt_lang or "en"))
+        if inputs.directions is not None:
+            results.update(_direction_metrics(texts, inputs.references, inputs.directions))
+        else:
+            lang = translator.tgt_lang or loaded[0].tgt_lang or "en"
+            results.update(_metrics(texts, inputs.references, lang=lang))
     if cfg.alignments:
         _write_alignments(cfg, results, translator, inputs.sources, nbest_lists)
     _write_outputs(cfg, results, texts, nbest_lists)
@@ -323,6 +344,23 @@ def _metrics(texts: list[list[str]], references: list[str], *, lang: str) -> dic
     return {"metrics": metrics, "signature": signature}
 
 
+def _direction_metrics(
+    texts: list[list[str]], references: list[str], directions: list[str]
+) -> dict[str, Any]:
+    """Each direction's metrics under ``directions``, and their means as ``metrics``."""
+    per: dict[str, Any] = {}
+    for d in sorted(set(directions)):
+        rows = [i for i, x in enumerate(directions) if x == d]
+        per[d] = _metrics(
+            [texts[i] for i in rows], [references[i] for i in rows], lang=d.split("-", 1)[1]
+        )
+        per[d]["n_sentences"] = len(rows)
+    names = ("bleu", "bleu_lc", "bleu_tok", "chrf")
+    mean = {n: sum(p["metrics"][n] for p in per.values()) / len(per) for n in names}
+    first = next(iter(per.values()))
+    return {"metrics": mean, "signature": first["signature"], "directions": per}
+
+
 def _write_outputs(
     cfg: EvalSchema,
     results: dict[str, Any],
@@ -374,8 +412,15 @@ def _print_table(results: dict[str, Any]) -> None:
         else f"beam {dec['beam_size']}, alpha {dec['length_penalty']} "
         f"({dec.get('length_norm', 'gnmt')})",
     )
+    mean = " (mean of the directions)" if results.get("directions") else ""
     for name, value in (results.get("metrics") or {}).items():
-        table.add_row(name, f"{value:.2f}")
+        table.add_row(name + mean, f"{value:.2f}")
+    for direction, part in (results.get("directions") or {}).items():
+        m = part["metrics"]
+        table.add_row(
+            direction,
+            f"bleu {m['bleu']:.2f}, bleu_tok {m['bleu_tok']:.2f}, chrf {m['chrf']:.2f}",
+        )
     if "signature" in results:
         table.add_row("signature", results["signature"]["bleu"])
     table.add_row("sentences", str(results["n_sentences"]))

@@ -58,6 +58,8 @@ def score_pairs(
         )
     tok = translator.tokenizer
     src_ids = tok.encode_src_batch([s.strip() for s in sources])
+    if translator.tag_id is not None:  # a multilingual model: the target tag leads the source
+        src_ids = [[translator.tag_id, *ids] for ids in src_ids]
     tgt_ids = tok.encode_tgt_batch([t.strip() for t in targets])
     src_ids, tgt_ids = _fit(src_ids, tgt_ids, translator.limit, truncate)
     scores = translator.score_ids(src_ids, tgt_ids, progress=progress)

@@ -80,6 +80,7 @@ class EvalSchema:
     split: str = "test"
     source_file: str | None = None
     reference_file: str | None = None
+    tgt_lang: str | None = None
     errors: str = "strict"
     decoding_from: str | None = None
     decoding: DecodingOverrides = field(default_factory=DecodingOverrides)

@@ -117,6 +117,45 @@ class Translation:
         return self.hypotheses[0].score
 
 
+def target_tag(loaded: LoadedModel, tgt_lang: str | None) -> tuple[str | None, int | None]:
+    """The target language and its tag id for ``loaded`` (``None`` id: a bilingual model).
+
+    A multilingual model needs a target language unless it has only one; a bilingual one
+    takes ``tgt_lang`` only when it is the one it translates into.
+
+    Raises:
+        SettingError: a language the model was not trained for, or none for a model that
+            translates into several.
+    """
+    tok = loaded.tokenizer
+    known = tok.target_languages
+    if not known:
+        if tgt_lang is not None and loaded.tgt_lang not in (None, tgt_lang):
+            raise SettingError(
+                f"{loaded.path} translates into {loaded.tgt_lang} only, not {tgt_lang}",
+                [("tgt_lang", loaded.tgt_lang)],
+                lead="use",
+                tail="or another checkpoint",
+            )
+        return loaded.tgt_lang, None
+    if tgt_lang is None:
+        if len(known) > 1:
+            raise SettingError(
+                f"{loaded.path} translates into {', '.join(known)}: choose one",
+                [("tgt_lang", known[0])],
+                lead="e.g.",
+            )
+        tgt_lang = known[0]
+    if tgt_lang not in known:
+        raise SettingError(
+            f"{loaded.path} was not trained to translate into {tgt_lang}; it translates into "
+            f"{', '.join(known)}",
+            [("tgt_lang", known[0])],
+            lead="use e.g.",
+        )
+    return tgt_lang, tok.tag_id(tgt_lang)
+
+
 class Translator:
     """Batched translation with a loaded checkpoint (or an ensemble), through the decode loop.
 
@@ -146,6 +185,7 @@ class Translator:
         max_sentences: int | None = None,
         *,
         engine: Engine | None = None,
+        tgt_lang: str | None = None,
     ) -> None:
         for name, value in (("max_tokens", max_tokens), ("max_sentences", max_sentences)):
             if value is not None and value < 1:
@@ -163,6 +203,7 @@ class Translator:
         self.limit = source_limit(None if data is None else data.max_len, self.model_max_len)
         tok = self.tokenizer
         self.collate = Collate(tok.pad_id, tok.bos_id, tok.eos_id, self.limit)
+        self.tgt_lang, self.tag_id = target_tag(self.loaded, tgt_lang)
 
     @property
     def device(self) -> torch.device:
@@ -172,6 +213,8 @@ class Translator:
         """Source ids per line (no ``<eos>``); over-long lines are cut with a warning."""
         ids = self.tokenizer.encode_src_batch([line.strip() for line in lines])
         limit = self.limit
+        if self.tag_id is not None:  # a multilingual model: the target tag leads every row
+            limit = None if limit is None else limit - 1
         long_lines = [i for i, seq in enumerate(ids) if limit is not None and len(seq) > limit]
         for i in long_lines[:5]:
             log.warning(
@@ -184,6 +227,8 @@ class Translator:
             )
         if len(long_lines) > 5:
             log.warning("... %d long lines truncated in all", len(long_lines))
+        if self.tag_id is not None:
+            return [[self.tag_id, *seq[:limit]] for seq in ids]
         return [seq[:limit] for seq in ids]
 
     def batches(

@@ -51,12 +51,13 @@ class ServedModel:
         threads: int = 0,
         max_tokens: int | None = None,
         val_bleu: float | None = None,
+        tgt_lang: str | None = None,
     ) -> None:
         self.ensemble = list(ensemble)
         self.loaded = self.ensemble[0]
         self.defaults = SearchConfig.from_stored(self.loaded.decoding)
         self.translator = Translator(
-            self.ensemble, self.defaults, max_tokens=max_tokens, engine=engine
+            self.ensemble, self.defaults, max_tokens=max_tokens, engine=engine, tgt_lang=tgt_lang
         )
         self.engine = self.translator.engine
         self.engine_kind = engine_kind
@@ -74,6 +75,7 @@ class ServedModel:
         compute_type: str | None = None,
         threads: int = 0,
         convert: Converter | None = None,
+        tgt_lang: str | None = None,
     ) -> ServedModel:
         """Load ``ckpt`` (each file read once, on the CPU) and open the engine ``engine``.
 
@@ -92,7 +94,7 @@ class ServedModel:
         )  # fmt: skip
         return cls(
             ensemble, engine=decoder, engine_kind=engine, compute_type=compute_type,
-            threads=threads, val_bleu=val_bleu,
+            threads=threads, val_bleu=val_bleu, tgt_lang=tgt_lang,
         )  # fmt: skip
 
     def _pin_threads(self) -> None:
@@ -219,7 +221,8 @@ class ServedModel:
             "checkpoint": Path(loaded.path).name,
             "ensemble": [Path(m.path).name for m in self.ensemble],
             "src_lang": loaded.src_lang,
-            "tgt_lang": loaded.tgt_lang,
+            "tgt_lang": self.translator.tgt_lang or loaded.tgt_lang,
+            "target_languages": loaded.tokenizer.target_languages or [loaded.tgt_lang],
             "engine": self.engine_kind,
             "compute_type": self.compute_type,
             "parameters": sum(p.numel() for p in loaded.model.parameters()),

@@ -302,9 +302,7 @@ class TranslationModule(pl.LightningModule):
     def _row_directions(self, stage: str) -> list[str] | None:
         """The direction of each row of the split being scored, for a multilingual corpus."""
         data = getattr(self._trainer, "datamodule", None) if self._trainer else None
-        split = (getattr(data, "splits", None) or {}).get(
-            "validation" if stage == "val" else stage
-        )
+        split = (getattr(data, "splits", None) or {}).get("validation" if stage == "val" else stage)
         if split is None or "direction" not in split.column_names:
             return None
         return list(split["direction"])
