@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FILES_TRAIN, compose_train, write_multi_corpus
+from conftest import FILES_TRAIN, MULTI30K, compose_train, write_multi_corpus
 
 MULTI = [*FILES_TRAIN, "trainer.max_epochs=2", "data.max_len=32"]
 
@@ -115,3 +115,45 @@ def test_an_ensemble_of_a_multilingual_and_a_bilingual_checkpoint_is_one_line(
     ]
     with pytest.raises(CheckpointError, match=r"is multilingual \(into de, fr\) and"):
         check_ensemble(pair)
+
+
+@pytest.mark.parametrize(
+    ("preset", "directions"),
+    [
+        ("multi30k_many_en", ["de-en", "fr-en", "cs-en"]),
+        ("multi30k_en_many", ["en-de", "en-fr", "en-cs"]),
+    ],
+)
+def test_the_presets_compose(preset: str, directions: list[str], tmp_path: Path) -> None:
+    from hydra.utils import instantiate
+
+    cfg = compose_train(tmp_path / "run", [f"experiment={preset}"])
+    data = instantiate(cfg.data)
+    assert data.directions == directions and data.source == "files"
+    assert data.name == preset
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"needs the Multi30k files in {MULTI30K}")
+def test_the_many_to_english_preset_trains_on_multi30k(tmp_path: Path) -> None:
+    """Two steps of the shipped preset on the real files: data, tags, BPE and model fit."""
+    from transformer_mt.checkpoint import load_model
+    from transformer_mt.training.run import run
+
+    run_dir = tmp_path / "run"
+    run(
+        compose_train(
+            run_dir,
+            [
+                "experiment=multi30k_many_en",
+                "trainer.max_time=null",
+                "trainer.max_steps=2",
+                "test_after_fit=false",
+                "data.cache_dir=null",
+                "trainer.precision=32-true",
+                "threads=2",
+            ],
+        )
+    )
+    loaded = load_model(run_dir / "checkpoints" / "last.ckpt")
+    assert loaded.tokenizer.target_languages == ["en"]
