@@ -82,7 +82,7 @@ def model_card(
         "",
         "| | |",
         "|---|---|",
-        f"| direction | {src} -> {tgt} |",
+        f"| direction | {', '.join(data.get('directions') or []) or f'{src} -> {tgt}'} |",
         f"| training data | {dataset} |",
         f"| architecture | {'pre-LN' if c.norm_first else 'post-LN'}, d_model {c.d_model}, "
         f"{c.n_heads} heads, d_ff {c.d_ff}, {c.n_encoder_layers}+{c.n_decoder_layers} layers, "
@@ -97,8 +97,28 @@ def model_card(
     if (val := _val_bleu(checkpoint)) is not None:
         lines.append(f"| bleu (validation, during training) | {val:.2f} |")
     lines += _result_rows(results)
-    lines += ["", USE_MARK, "", *huggingface_usage(search), *_licence_lines(licence, dataset)]
+    lines += ["", *_target_tags(loaded), USE_MARK, "", *huggingface_usage(search)]
+    lines += _licence_lines(licence, dataset)
     return "\n".join(lines)
+
+
+def _target_tags(loaded: LoadedModel) -> list[str]:
+    """For a multilingual model: how the target language is chosen (the source's first token)."""
+    langs = loaded.tokenizer.target_languages
+    if not langs:
+        return []
+    directions = ", ".join((loaded.data or {}).get("directions", []))
+    tags = ", ".join(f"`<2{lang}>`" for lang in langs)
+    example = f"<2{langs[0]}> A man in an orange hat."
+    return [
+        "## Target language",
+        "",
+        f"This model translates {directions}. Start each source with the tag of the language "
+        f"to translate into ({tags}), a special token of the tokenizer: `{example}` for "
+        "`generate`; for CTranslate2 put the tag's token first in each source's tokens. "
+        f"`transformer-mt-translate --tgt-lang {langs[0]}` does it for you.",
+        "",
+    ]
 
 
 #: Where the HF and CTranslate2 cards differ: the class sentence and the usage section.
