@@ -225,6 +225,7 @@ class BlockingModel:
     """A stand-in for ServedModel whose engine calls wait for the test's signal."""
 
     engine_kind = "fake"
+    needs_tgt_lang = False
 
     def __init__(self) -> None:
         self.calls: list[list[str]] = []

@@ -227,7 +227,9 @@ class AttendingModel(BlockingModel):
         super().__init__()
         self.passes: list[str] = []
 
-    def attention(self, source: str, translation: str) -> dict[str, Any]:
+    def attention(
+        self, source: str, translation: str, *, tgt_lang: str | None = None
+    ) -> dict[str, Any]:
         self.passes.append(source)
         self.entered.set()
         assert self.release.wait(30), "the test never released the engine"

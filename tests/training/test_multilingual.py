@@ -190,3 +190,30 @@ def test_the_exported_model_translates_into_the_tagged_language(
     # The caps differ (generate forces <eos> at its last step): compare before them.
     n = min(len(mine), len(theirs) - 1)
     assert n >= 5 and theirs[:n] == mine[:n]
+
+
+def test_the_service_takes_the_target_language_per_request(multi_run: Path) -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from transformer_mt.inference.translator import Translator
+    from transformer_mt.serve.app import create_app
+    from transformer_mt.serve.model import ServedModel
+
+    ckpt = multi_run / "checkpoints" / "last.ckpt"
+    served = ServedModel.open(ckpt)  # no --tgt-lang: each request names its language
+    with TestClient(create_app(served)) as client:
+        assert client.get("/model").json()["target_languages"] == ["de", "fr"]
+        for lang in ("de", "fr"):
+            answer = client.post("/translate", json={"text": ["one house 3"], "tgt_lang": lang})
+            assert answer.status_code == 200, answer.text
+            want = Translator(served.loaded, tgt_lang=lang).translate(["one house 3"])
+            assert answer.json()["translations"] == want
+        for body, words in (
+            ({"text": ["one"], "tgt_lang": "cs"}, "is not a language this model translates"),
+            ({"text": ["one"]}, "translates into de, fr: set tgt_lang"),
+        ):
+            answer = client.post("/translate", json=body)
+            assert answer.status_code == 422 and words in answer.json()["error"], answer.text
+        maps = client.post("/attention", json={"text": "one house 3", "tgt_lang": "fr"})
+        assert maps.status_code == 200, maps.text

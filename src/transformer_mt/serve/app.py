@@ -77,6 +77,11 @@ class DecodingFields(BaseModel):
     seed: int | None = Field(
         None, description="sampling seed: the same seed and sentence give the same samples"
     )
+    tgt_lang: str | None = Field(
+        None,
+        description="the language to translate into, for a multilingual model (default: the "
+        "service's --tgt-lang); GET /model lists target_languages",
+    )
 
 
 class TranslateRequest(DecodingFields):
@@ -284,6 +289,7 @@ class CallOptions:
 
     search: SearchConfig
     alignments: bool = False
+    tgt_lang: str | None = None
 
 
 class Service:
@@ -306,8 +312,31 @@ class Service:
         which stops the search at its next step."""
         return self.model.translate(
             lines, options.search, alignments=options.alignments, should_stop=stop.is_set,
-            **columns,
+            tgt_lang=options.tgt_lang, **columns,
         )  # fmt: skip
+
+    def target(self, request: DecodingFields) -> str | None:
+        """The request's target language, checked against the model's: a 422 naming them."""
+        lang = request.tgt_lang
+        if lang is None and not self.model.needs_tgt_lang:
+            return None
+        loaded = self.model.loaded
+        known = loaded.tokenizer.target_languages or [loaded.tgt_lang]
+        if lang is None:
+            if self.model.needs_tgt_lang:
+                raise ApiError(
+                    422,
+                    f"this model translates into {', '.join(known)}: set tgt_lang in the "
+                    "request (or start the service with --tgt-lang)",
+                )
+            return None
+        if lang not in known:
+            raise ApiError(
+                422,
+                f"tgt_lang {lang!r} is not a language this model translates into; it "
+                f"translates into {', '.join(str(k) for k in known)}",
+            )
+        return lang
 
     def search(self, request: DecodingFields) -> SearchConfig:
         """The request's search over the checkpoint's stored one, as ``transformer-mt-translate``
@@ -438,11 +467,13 @@ class Service:
         *,
         alignments: bool = False,
         columns: dict[str, list[Any]] | None = None,
+        tgt_lang: str | None = None,
     ) -> list[Translation]:
         """Queue ``texts`` (and their ``columns``, :meth:`steering`) with the batcher; give up
         when the client leaves or time runs out."""
         tokens = self.model.source_tokens(texts)
-        job = self.batcher.submit(texts, CallOptions(search, alignments), tokens, columns=columns)
+        options = CallOptions(search, alignments, tgt_lang)
+        job = self.batcher.submit(texts, options, tokens, columns=columns)
         return await self.guarded(request, job)
 
     async def attention(
@@ -455,8 +486,10 @@ class Service:
     async def _attend(self, body: AttentionRequest, search: SearchConfig) -> dict[str, Any]:
         text, tokens = body.text, self.model.source_tokens([body.text])
         output = body.translation
+        lang = self.target(body)
         if output is None:
-            (result,) = await self.batcher.submit([text], CallOptions(search), tokens)
+            options = CallOptions(search, tgt_lang=lang)
+            (result,) = await self.batcher.submit([text], options, tokens)
             output = result.text
         values, most = self.model.attention_values(text, output), self.limits.max_attention_values
         if values > most:
@@ -465,16 +498,23 @@ class Service:
                 f"the attention maps of this sentence and output hold {values} weights, the "
                 f"service returns at most {most}; send a shorter sentence or output",
             )
-        run = functools.partial(self._attention_pass, text, output)
+        run = functools.partial(self._attention_pass, text, output, lang)
         (maps,) = await self.batcher.submit([text], "attention", tokens, run=run)
         return {"translation": output, **maps}
 
     def _attention_pass(
-        self, source: str, output: str, lines: list[str], options: Any, *, stop: Any
+        self,
+        source: str,
+        output: str,
+        tgt_lang: str | None,
+        lines: list[str],
+        options: Any,
+        *,
+        stop: Any,
     ) -> list[dict[str, Any]]:
         """An attention job's own engine call, on the worker thread: one forward pass, too
         short to need ``stop``."""
-        return [self.model.attention(source, output)]
+        return [self.model.attention(source, output, tgt_lang=tgt_lang)]
 
     async def guarded(self, request: Request, work: Awaitable[T]) -> T:
         """``work``'s result, or the answer that says why not: 503 when the queue is full, 504
@@ -618,8 +658,9 @@ def _add_routes(app: FastAPI, service: Service, *, secured: bool = False) -> Non
         phrases = [p for line in body.constraints or () for p in line]
         service.check_size(body.text, [*(body.prefix or ()), *phrases])
         columns = service.steering(body, search)
+        lang = service.target(body)
         results = await service.translate(
-            request, body.text, search, alignments=body.alignments, columns=columns
+            request, body.text, search, alignments=body.alignments, columns=columns, tgt_lang=lang
         )
         return {**_answer(results, body), "model": brief}
 

@@ -56,9 +56,19 @@ class ServedModel:
         self.ensemble = list(ensemble)
         self.loaded = self.ensemble[0]
         self.defaults = SearchConfig.from_stored(self.loaded.decoding)
+        known = self.loaded.tokenizer.target_languages
+        #: a multilingual model started without --tgt-lang: each request names its language
+        self.needs_tgt_lang = tgt_lang is None and len(known) > 1
         self.translator = Translator(
-            self.ensemble, self.defaults, max_tokens=max_tokens, engine=engine, tgt_lang=tgt_lang
+            self.ensemble,
+            self.defaults,
+            max_tokens=max_tokens,
+            engine=engine,
+            tgt_lang=known[0] if self.needs_tgt_lang else tgt_lang,
         )
+        self._max_tokens = max_tokens
+        # One translator per target language a request asks for; they share the engine.
+        self._translators = {self.translator.tgt_lang: self.translator}
         self.engine = self.translator.engine
         self.engine_kind = engine_kind
         self.compute_type = compute_type or "default"
@@ -161,6 +171,7 @@ class ServedModel:
         constraints: Sequence[Sequence[str]] | None = None,
         alignments: bool = False,
         should_stop: Callable[[], bool] | None = None,
+        tgt_lang: str | None = None,
     ) -> list[Translation]:
         """One :class:`Translation` (n-best list, scores) per line, in order (blocking: call it
         from the worker thread). ``prefixes`` start the outputs and ``constraints`` must appear
@@ -173,11 +184,27 @@ class ServedModel:
         """
         self._pin_threads()
         with stop_when(should_stop):
-            return self.translator.translate_batch(
+            return self.translator_for(tgt_lang).translate_batch(
                 lines, search, prefixes=prefixes, constraints=constraints, alignments=alignments
             )
 
-    def attention(self, source: str, translation: str) -> dict[str, Any]:
+    def translator_for(self, tgt_lang: str | None) -> Translator:
+        """The translator into ``tgt_lang`` (``None``: the service's own language)."""
+        if tgt_lang is None or tgt_lang == self.translator.tgt_lang:
+            return self.translator
+        if tgt_lang not in self._translators:
+            self._translators[tgt_lang] = Translator(
+                self.ensemble,
+                self.defaults,
+                max_tokens=self._max_tokens,
+                engine=self.engine,
+                tgt_lang=tgt_lang,
+            )
+        return self._translators[tgt_lang]
+
+    def attention(
+        self, source: str, translation: str, *, tgt_lang: str | None = None
+    ) -> dict[str, Any]:
         """Every attention weight of a teacher-forced pass over ``source`` -> ``translation``.
 
         The weights are the torch model's own (whatever engine translates); the source is cut
@@ -185,7 +212,7 @@ class ServedModel:
         """
         tok = self.tokenizer
         self._pin_threads()
-        (src_ids,) = self.translator.encode([source], where="source")
+        (src_ids,) = self.translator_for(tgt_lang).encode([source], where="source")
         (out_ids,) = tok.encode_tgt_batch([translation.strip()])
         out_ids = out_ids[: self.loaded.config.max_len - 1]  # room for <bos> / <eos>
         maps = record_maps(self.loaded, src_ids, out_ids)
@@ -221,7 +248,9 @@ class ServedModel:
             "checkpoint": Path(loaded.path).name,
             "ensemble": [Path(m.path).name for m in self.ensemble],
             "src_lang": loaded.src_lang,
-            "tgt_lang": self.translator.tgt_lang or loaded.tgt_lang,
+            "tgt_lang": None
+            if self.needs_tgt_lang
+            else self.translator.tgt_lang or loaded.tgt_lang,
             "target_languages": loaded.tokenizer.target_languages or [loaded.tgt_lang],
             "engine": self.engine_kind,
             "compute_type": self.compute_type,
