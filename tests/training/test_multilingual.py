@@ -217,3 +217,25 @@ def test_the_service_takes_the_target_language_per_request(multi_run: Path) -> N
             assert answer.status_code == 422 and words in answer.json()["error"], answer.text
         maps = client.post("/attention", json={"text": "one house 3", "tgt_lang": "fr"})
         assert maps.status_code == 200, maps.text
+
+
+def test_ctranslate2_decodes_a_multilingual_model_as_torch_does(
+    multi_run: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("ctranslate2")
+    from transformer_mt.checkpoint import load_model
+    from transformer_mt.export.convert import export_ctranslate2, export_huggingface
+    from transformer_mt.inference.ctranslate2_engine import CTranslate2Engine
+    from transformer_mt.inference.search import SearchConfig
+    from transformer_mt.inference.translator import Translator
+
+    ckpt = multi_run / "checkpoints" / "last.ckpt"
+    ct2_dir = export_ctranslate2(export_huggingface(ckpt, tmp_path / "hf"), tmp_path / "ct2")
+    loaded = load_model(ckpt)
+    engine = CTranslate2Engine(ct2_dir, tokenizer=loaded.tokenizer)
+    search = SearchConfig(beam_size=1)
+    lines = ["one house 3", "two tree 4"]
+    for lang in ("de", "fr"):
+        ours = Translator(loaded, search, tgt_lang=lang).translate(lines)
+        theirs = Translator(loaded, search, engine=engine, tgt_lang=lang).translate(lines)
+        assert theirs == ours
