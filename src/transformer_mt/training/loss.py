@@ -70,15 +70,15 @@ class _ChunkedProjectionLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]  # noqa: PLR0917 (apply takes positional arguments)
+    def forward(  # type: ignore[override]
         ctx: Any,
         hidden: Tensor,
         weight: Tensor,
         target: Tensor,
-        pad_id: int,
-        label_smoothing: float,
-        chunk: int,
+        options: tuple[int, float, int],
     ) -> tuple[Tensor, Tensor]:
+        # apply() takes positional arguments only: the settings travel as one tuple.
+        pad_id, label_smoothing, chunk = options
         vocab = weight.size(0)
         keep = target != pad_id  # (N,)
         n_tokens = keep.sum()
@@ -118,7 +118,7 @@ class _ChunkedProjectionLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None, None, None
+        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None
 
 
 def chunked_label_smoothed_loss(
@@ -140,6 +140,6 @@ def chunked_label_smoothed_loss(
     flat = hidden.reshape(-1, hidden.size(-1))  # (N, d)
     flat_target = target.reshape(-1)  # (N,)
     loss, nll_sum = _ChunkedProjectionLoss.apply(
-        flat, weight, flat_target, pad_id, label_smoothing, int(chunk_tokens)
+        flat, weight, flat_target, (pad_id, label_smoothing, int(chunk_tokens))
     )
     return loss, nll_sum, (flat_target != pad_id).sum()
