@@ -19,14 +19,16 @@ import sys
 from pathlib import Path
 
 from transformer_mt.checkpoint import (
-    CHECKPOINT_KEY,
     CheckpointError,
-    load_checkpoint,
     save_checkpoint,
 )
 from transformer_mt.errors import EXIT_USER_ERROR, one_line
 from transformer_mt.files import check_outputs_apart
-from transformer_mt.inference.averaging import average_checkpoints, select_checkpoints
+from transformer_mt.inference.averaging import (
+    average_checkpoints,
+    is_average,
+    select_checkpoints,
+)
 
 log = logging.getLogger("average_checkpoints")
 
@@ -40,11 +42,7 @@ def check_replaceable(output: Path, force: bool) -> None:
     """
     if not output.exists():
         return
-    try:
-        meta = load_checkpoint(output).get(CHECKPOINT_KEY) or {}
-    except CheckpointError:
-        meta = {}
-    if "averaged_from" not in meta:
+    if not is_average(output):
         raise ValueError(
             f"-o {output} exists and is not an average of checkpoints (a run's checkpoint, or "
             "another file); it would be replaced: give a new path"

@@ -108,6 +108,16 @@ def average_checkpoints(paths: list[str | os.PathLike[str]]) -> dict[str, Any]:
     }
 
 
+def is_average(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds an average :func:`average_checkpoints` made (which a command may
+    replace), rather than a run's checkpoint or another file (which it must not)."""
+    try:
+        meta = load_checkpoint(path).get(CHECKPOINT_KEY) or {}
+    except CheckpointError:
+        return False
+    return "averaged_from" in meta
+
+
 @dataclass
 class CheckpointInfo:
     """A checkpoint file of a run with its step and validation score (``None`` if unknown)."""

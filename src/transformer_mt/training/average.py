@@ -19,13 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from transformer_mt.checkpoint import (
-    CHECKPOINT_KEY,
     CheckpointError,
-    load_checkpoint,
     save_checkpoint,
 )
 from transformer_mt.errors import UserError
-from transformer_mt.inference.averaging import average_checkpoints
+from transformer_mt.inference.averaging import average_checkpoints, is_average
 
 log = logging.getLogger(__name__)
 
@@ -79,16 +77,11 @@ def write_average(run_dir: Path, n: int) -> Path:
             "average_last=%d: the run saved %d checkpoints; averaging those", n, len(chosen)
         )
     target = average_path(run_dir, n)
-    if target.exists():
-        try:
-            meta = load_checkpoint(target).get(CHECKPOINT_KEY) or {}
-        except CheckpointError:
-            meta = {}
-        if "averaged_from" not in meta:
-            raise CheckpointError(
-                f"{target} exists and is not an average of checkpoints; move it away or "
-                "choose another run directory"
-            )
+    if target.exists() and not is_average(target):
+        raise CheckpointError(
+            f"{target} exists and is not an average of checkpoints; move it away or "
+            "choose another run directory"
+        )
     save_checkpoint(average_checkpoints(chosen), target)
     log.info("averaged %d checkpoints into %s", len(chosen), target)
     return target
