@@ -527,13 +527,18 @@ class Service:
         except (ApiError, asyncio.CancelledError):
             raise
         except Exception as err:  # the engine failed on this batch; the service goes on
-            incident = secrets.token_hex(4)
-            log.error("incident %s: %s failed", incident, request.url.path, exc_info=err)
-            raise ApiError(
-                500,
-                f"the engine failed on this request (incident {incident}); retry, and if it "
-                "fails again report the incident id: the server log has the details",
-            ) from None
+            raise ApiError(500, incident(request, err, "the engine")) from None
+
+
+def incident(request: Request, exc: BaseException, what: str) -> str:
+    """Log ``exc`` with its traceback under a fresh incident id; the 500's message, which
+    gives the client the id and none of the internals."""
+    number = secrets.token_hex(4)
+    log.error("incident %s: %s failed", number, request.url.path, exc_info=exc)
+    return (
+        f"{what} failed on this request (incident {number}); retry, and if it fails again "
+        "report the incident id: the server log has the details"
+    )
 
 
 async def _until_gone(request: Request, work: Awaitable[T], timeout: float) -> T:
@@ -608,13 +613,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         return error(exc.status_code, str(exc.detail))
 
     async def on_bug(request: Request, exc: Exception) -> JSONResponse:
-        incident = secrets.token_hex(4)
-        log.error("incident %s: %s failed", incident, request.url.path, exc_info=exc)
-        return error(
-            500,
-            f"the service failed on this request (incident {incident}); retry, and if it fails "
-            "again report the incident id: the server log has the details",
-        )
+        return error(500, incident(request, exc, "the service"))
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_invalid)
