@@ -119,32 +119,3 @@ def test_every_record_is_complete(path: Path) -> None:
     for result in record["evaluations"].values():
         assert set(result["metrics"]) >= {"bleu", "bleu_tok", "chrf"}
         assert result["signature"]["bleu"].startswith("nrefs:1|case:mixed")
-
-
-def test_record_run_writes_a_record_and_replaces_only_its_own(
-    tiny_run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import sys
-
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from record_run import main as record_main
-
-    from conftest import best_checkpoint, evaluate
-
-    evaluate(tmp_path / "eval", f"ckpt_path={best_checkpoint(tiny_run_dir)}")
-    results = tmp_path / "eval" / "results.json"
-    args = [str(tiny_run_dir), "--name", "tiny", "--out", str(tmp_path / "runs")]
-    args += ["--eval", f"greedy={results}"]
-    assert record_main(args) == 0
-    record = json.loads((tmp_path / "runs" / "tiny.json").read_text(encoding="utf-8"))
-    assert record["source"]["commit"] and record["machine"]["cpu"]
-    assert record["training"]["steps"] > 0
-    assert record["evaluations"]["greedy"]["metrics"]["bleu_tok"] >= 0
-    capsys.readouterr()
-    assert record_main(args) == 2  # exists: only --force replaces it
-    assert "pass --force" in capsys.readouterr().err
-    assert record_main([*args, "--force"]) == 0
-    (tmp_path / "runs" / "notes.json").write_text("{}", encoding="utf-8")
-    other = [str(tiny_run_dir), "--name", "notes", "--out", str(tmp_path / "runs")]
-    assert record_main(other) == 2  # not a record: never replaced
-    assert (tmp_path / "runs" / "notes.json").read_text(encoding="utf-8") == "{}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from types import ModuleType
 
@@ -114,3 +115,28 @@ def test_plot_metrics(run_dir: Path, tmp_path: Path) -> None:
     assert mod.main([str(run_dir), "-o", str(out)]) == 0
     assert is_png(out)
     assert mod.main([str(tmp_path / "nothing")]) == 1
+
+
+def test_record_run_writes_a_record_and_replaces_only_its_own(
+    tiny_run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conftest import evaluate
+
+    record_main = script("record_run").main
+    evaluate(tmp_path / "eval", f"ckpt_path={best_checkpoint(tiny_run_dir)}")
+    results = tmp_path / "eval" / "results.json"
+    args = [str(tiny_run_dir), "--name", "tiny", "--out", str(tmp_path / "runs")]
+    args += ["--eval", f"greedy={results}"]
+    assert record_main(args) == 0
+    record = json.loads((tmp_path / "runs" / "tiny.json").read_text(encoding="utf-8"))
+    assert record["source"]["commit"] and record["machine"]["cpu"]
+    assert record["training"]["steps"] > 0
+    assert record["evaluations"]["greedy"]["metrics"]["bleu_tok"] >= 0
+    capsys.readouterr()
+    assert record_main(args) == 2  # exists: only --force replaces it
+    assert "pass --force" in capsys.readouterr().err
+    assert record_main([*args, "--force"]) == 0
+    (tmp_path / "runs" / "notes.json").write_text("{}", encoding="utf-8")
+    other = [str(tiny_run_dir), "--name", "notes", "--out", str(tmp_path / "runs")]
+    assert record_main(other) == 2  # not a record: never replaced
+    assert (tmp_path / "runs" / "notes.json").read_text(encoding="utf-8") == "{}"

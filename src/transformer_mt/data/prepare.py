@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 from collections.abc import Iterator, Sequence
@@ -256,12 +257,7 @@ def _tokenizer_texts(config: DataConfig, train: datasets.Dataset) -> tuple[Any, 
             seen.add(lang)
             rows = [i for i, d in enumerate(directions) if d == f"{src}-{tgt}"]
             texts.append(iter_texts(train.select(rows), (column,)))
-    return _chained(texts), iter([])
-
-
-def _chained(streams: list[Any]) -> Iterator[list[str]]:
-    for stream in streams:
-        yield from stream
+    return itertools.chain.from_iterable(texts), iter([])
 
 
 def _load_or_train_tokenizer(
