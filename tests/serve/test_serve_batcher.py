@@ -101,23 +101,62 @@ def test_only_requests_with_equal_options_share_a_call() -> None:
     assert engine.calls == [(["0", "2", "4"], "beam1"), (["1", "3"], "beam4")]
 
 
-def test_a_request_arriving_within_the_window_joins_the_batch() -> None:
-    """The first job waits for company; the second fills the budget, so no clock decides."""
+def test_a_lone_request_is_dispatched_at_once_however_long_the_window() -> None:
+    """No engine call has answered several jobs yet, so no company is expected: the first job
+    goes alone at once rather than waiting out an hour's window."""
     engine = Engine()
 
     async def scenario() -> None:
-        batcher = Batcher(engine, max_tokens=2, window_s=3600)
-        first = asyncio.ensure_future(batcher.submit(["x"], "a", 1))
-        while batcher.pending == 0:  # "x" is queued ...
-            await asyncio.sleep(0)
-        while batcher.pending:  # ... and taken: the batching task waits in its window
-            await asyncio.sleep(0)
-        second = await batcher.submit(["y"], "a", 1)
-        assert await first == ["x:a"] and second == ["y:a"]
+        batcher = Batcher(engine, max_tokens=100, window_s=3600)
+        assert await asyncio.wait_for(batcher.submit(["x"], "a", 1), 30) == ["x:a"]
+        assert await asyncio.wait_for(batcher.submit(["y"], "a", 1), 30) == ["y:a"]
         await batcher.stop()
 
     run(scenario)
-    assert engine.calls == [(["x", "y"], "a")]
+    assert engine.calls == [(["x"], "a"), (["y"], "a")]
+
+
+async def taken(batcher: Batcher) -> None:
+    """Until every queued job has been taken: the batching task then waits in its window."""
+    while batcher.pending:
+        await asyncio.sleep(0)
+
+
+def test_after_a_shared_call_the_next_batch_waits_for_as_many_jobs() -> None:
+    """Two jobs shared the last call, so the next batch waits for a second job (the budget is
+    not full and the window is an hour: only the second job's arrival ends the wait)."""
+    engine = Engine()
+
+    async def scenario() -> None:
+        batcher = Batcher(engine, max_tokens=100, window_s=3600)
+        assert await asyncio.gather(batcher.submit(["x"], "a", 1), batcher.submit(["y"], "a", 1))
+        first = asyncio.ensure_future(batcher.submit(["z"], "a", 1))
+        while batcher.pending == 0:  # "z" is queued ...
+            await asyncio.sleep(0)
+        await taken(batcher)  # ... and taken
+        second = await batcher.submit(["w"], "a", 1)
+        assert await first == ["z:a"] and second == ["w:a"]
+        await batcher.stop()
+
+    run(scenario)
+    assert engine.calls == [(["x", "y"], "a"), (["z", "w"], "a")]
+
+
+def test_a_window_that_ends_without_company_lowers_what_is_expected() -> None:
+    """With a zero window the awaited company never comes: the batch goes as it is, and the
+    next lone job (one expected now) goes at once too."""
+    engine = Engine()
+
+    async def scenario() -> None:
+        batcher = Batcher(engine, max_tokens=100, window_s=0)
+        await asyncio.gather(batcher.submit(["x"], "a", 1), batcher.submit(["y"], "a", 1))
+        assert batcher.expected == 2
+        assert await batcher.submit(["z"], "a", 1) == ["z:a"]
+        assert batcher.expected == 1
+        await batcher.stop()
+
+    run(scenario)
+    assert engine.calls == [(["x", "y"], "a"), (["z"], "a")]
 
 
 def test_a_caller_that_gives_up_never_blocks_the_queue() -> None:

@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("timeout_s", "seconds a request may wait for its answer"),
         ("max_pending", "sentences waiting before requests get 503"),
         ("batch_tokens", "source tokens per batch"),
-        ("window_ms", "milliseconds a batch waits for more requests"),
+        ("window_ms", "most milliseconds a batch waits for the requests it expects"),
         ("max_attention_values", "attention weights one /attention answer may hold"),
     ):
         default, (low, high) = getattr(defaults, name), RANGES[name]

@@ -38,6 +38,7 @@ from transformer_mt.inference.translator import Candidate, Translation
 from transformer_mt.serve.batcher import Batcher, QueueFull
 from transformer_mt.serve.limits import Limits
 from transformer_mt.serve.model import ServedModel
+from transformer_mt.serve.timing import ServerTiming, Stopwatch
 
 log = logging.getLogger(__name__)
 
@@ -473,8 +474,14 @@ class Service:
         when the client leaves or time runs out."""
         tokens = self.model.source_tokens(texts)
         options = CallOptions(search, alignments, tgt_lang)
-        job = self.batcher.submit(texts, options, tokens, columns=columns)
-        return await self.guarded(request, job)
+        watch = stopwatch(request)
+        if watch is not None:
+            watch.mark("check")
+        job = self.batcher.submit(texts, options, tokens, columns=columns, watch=watch)
+        results = await self.guarded(request, job)
+        if watch is not None:
+            watch.mark("resume")
+        return results
 
     async def attention(
         self, request: Request, body: AttentionRequest, search: SearchConfig
@@ -528,6 +535,12 @@ class Service:
             raise
         except Exception as err:  # the engine failed on this batch; the service goes on
             raise ApiError(500, incident(request, err, "the engine")) from None
+
+
+def stopwatch(request: Request) -> Stopwatch | None:
+    """The request's :class:`~transformer_mt.serve.timing.Stopwatch` (None outside
+    :class:`~transformer_mt.serve.timing.ServerTiming`)."""
+    return request.scope.get("state", {}).get("timing")
 
 
 def incident(request: Request, exc: BaseException, what: str) -> str:
@@ -591,7 +604,8 @@ def create_app(
     # JSON may spell a character as a 12-byte surrogate pair; the rest is the envelope.
     app.add_middleware(BodyLimit, max_bytes=12 * service.limits.max_chars + 65536)
     if api_key:
-        app.add_middleware(KeyCheck, key=api_key)  # outermost: before any body is read
+        app.add_middleware(KeyCheck, key=api_key)  # before any body is read
+    app.add_middleware(ServerTiming)  # outermost: its clock starts with the headers read
     _add_error_handlers(app)
     _add_routes(app, service, secured=bool(api_key))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -653,6 +667,9 @@ def _add_routes(app: FastAPI, service: Service, *, secured: bool = False) -> Non
     @app.post("/translate", dependencies=deps)
     async def translate(body: TranslateRequest, request: Request) -> dict[str, Any]:
         """Translate ``text`` (a list of sentences): one translation per sentence, in order."""
+        watch = stopwatch(request)
+        if watch is not None:
+            watch.mark("read")
         search = service.search(body)
         phrases = [p for line in body.constraints or () for p in line]
         service.check_size(body.text, [*(body.prefix or ()), *phrases])

@@ -1,12 +1,19 @@
 """Request batching: concurrent requests share engine calls, each caller gets its own lines back.
 
 A request is a :class:`Job` (its lines, its decoding options, its per-line columns such as
-target prefixes, its source-token count and a future). One asyncio task takes the oldest job,
-then keeps taking jobs for a short window (``window_s``) while the batch stays within the token
-budget (``max_tokens``); jobs with equal options and the same column names go into one engine
-call, in arrival order, their lines and columns joined in that order, and the outputs are cut
-back into one list per job. The engine runs in one worker thread, so the event loop keeps
-accepting requests (and filling the next batch) while a batch decodes.
+target prefixes, its source-token count and a future). One asyncio task takes the oldest job
+and every job queued behind it, within the token budget (``max_tokens``); jobs with equal
+options and the same column names go into one engine call, in arrival order, their lines and
+columns joined in that order, and the outputs are cut back into one list per job. The engine
+runs in one worker thread, so the event loop keeps accepting requests (and filling the next
+batch) while a batch decodes: requests gather while the engine is busy.
+
+The window is adaptive. A batch waits for company only when company is coming: the clients
+the last engine call answered send their next requests a moment later, so a batch waits (at
+most ``window_s``) until it holds as many jobs as the last call did. A lone client's request
+finds the engine idle and no company expected, and is dispatched at once; sixteen clients
+sending back to back share one call instead of splitting into a call for the first to return
+and another for the rest.
 
 A caller that gives up (a time-out, a disconnected client) cancels its future: a job not yet
 started is dropped before the engine sees it; when every job of the running engine call has
@@ -26,9 +33,12 @@ import concurrent.futures
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from transformer_mt.serve.timing import Stopwatch
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +69,8 @@ class Job:
     run: RunBatch | None = field(default=None, repr=False)
     #: out of the queue: taken into a batch, or dropped
     taken: bool = False
+    #: the request's stopwatch: marked when the job is taken and around its engine call
+    watch: Stopwatch | None = field(default=None, repr=False)
 
     @property
     def key(self) -> Hashable:
@@ -77,8 +89,8 @@ class Batcher:
     Args:
         run: the engine call, ``run(lines, options) -> outputs``.
         max_tokens: source tokens per batch (a larger job runs alone; the engine splits it).
-        window_s: how long the first job of a batch waits for others to join (0: only the
-            jobs already queued join).
+        window_s: the longest a batch waits for the jobs the last engine call suggests are
+            coming (0: only the jobs already queued join).
         max_pending: sentences waiting at most; :meth:`submit` raises :class:`QueueFull` past it
             (a job given up while queued leaves the count at once).
     """
@@ -101,6 +113,7 @@ class Batcher:
         self.pending = 0  # sentences queued, not yet taken into a batch
         self.batches = 0  # engine calls so far
         self.stopped = 0  # engine calls told to stop because every caller had gone
+        self.expected = 1  # jobs the last batch held: the company the next one waits for
         self._stop: threading.Event | None = None  # the running call's
         self._queue: collections.deque[Job] = collections.deque()
         self._arrived = asyncio.Event()  # set when a job is queued
@@ -134,10 +147,13 @@ class Batcher:
         *,
         columns: Mapping[str, Sequence[Any]] | None = None,
         run: RunBatch | None = None,
+        watch: Stopwatch | None = None,
     ) -> list[Any]:
         """Queue ``lines`` (with ``columns``: one value per line each, passed to ``run`` by
         name) and wait for their outputs (cancel the awaiting task to give up). ``run``: this
-        job's own engine call, in place of the batcher's (it then runs alone)."""
+        job's own engine call, in place of the batcher's (it then runs alone); ``watch``: the
+        request's stopwatch, marked ``queue`` when the job is taken, ``handoff`` and
+        ``engine`` at its call's start and end."""
         per_line = {name: list(values) for name, values in (columns or {}).items()}
         for name, values in per_line.items():
             if len(values) != len(lines):
@@ -152,7 +168,7 @@ class Batcher:
             )
         self.start()
         future = asyncio.get_running_loop().create_future()
-        job = Job(lines, options, tokens, future, per_line, run)
+        job = Job(lines, options, tokens, future, per_line, run, watch=watch)
         self.pending += len(lines)
         self._queue.append(job)
         self._arrived.set()
@@ -203,10 +219,13 @@ class Batcher:
         job = self._queue.popleft()
         job.taken = True
         self.pending -= len(job.lines)
+        if job.watch is not None:
+            job.watch.mark("queue")
         return job
 
     async def _collect(self) -> list[Job]:
-        """The next batch: the oldest live job, then others within the window and budget."""
+        """The next batch: the oldest live job, then every job queued behind it, and those
+        still expected within the window, all within the budget."""
         loop = asyncio.get_running_loop()
         first = await self._next(None)
         while first is not None and first.future.done():  # its caller has gone
@@ -215,7 +234,9 @@ class Batcher:
         jobs, tokens = [first], first.tokens
         deadline = loop.time() + self.window_s
         while tokens < self.max_tokens:
-            job = await self._next(deadline - loop.time())
+            # Wait only for company that is expected; else take what is queued and go.
+            wait = deadline - loop.time() if len(jobs) < self.expected else 0
+            job = await self._next(wait)
             if job is None:
                 break
             if job.future.done():
@@ -225,6 +246,7 @@ class Batcher:
                 break
             jobs.append(job)
             tokens += job.tokens
+        self.expected = len(jobs)
         return jobs
 
     async def _run_group(self, jobs: list[Job]) -> None:
@@ -238,7 +260,7 @@ class Batcher:
         self._stop = stop = self._stop_when_gone(jobs)
         try:
             run = functools.partial(jobs[0].run or self.run, stop=stop, **columns)
-            outputs = await self.call(run, lines, jobs[0].options)
+            outputs = await self.call(_timed, run, jobs, lines, jobs[0].options)
             if len(outputs) != len(lines):
                 raise RuntimeError(f"the engine returned {len(outputs)} outputs for {len(lines)}")
         except Exception as err:
@@ -272,3 +294,17 @@ class Batcher:
         for job in jobs:
             job.future.add_done_callback(gone)
         return stop
+
+
+def _timed(run: Callable[..., list[Any]], jobs: list[Job], *args: Any) -> list[Any]:
+    """``run(*args)`` on the worker thread, its start and end marked on the jobs' stopwatches
+    (``handoff`` ends as the call begins, ``engine`` as it returns)."""
+    start = time.perf_counter()
+    try:
+        return run(*args)
+    finally:
+        end = time.perf_counter()
+        for job in jobs:
+            if job.watch is not None:
+                job.watch.mark("handoff", start)
+                job.watch.mark("engine", end)

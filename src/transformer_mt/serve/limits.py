@@ -28,7 +28,8 @@ class Limits:
     max_pending: int = 4096
     #: source tokens per batch of the batcher
     batch_tokens: int = 4096
-    #: how long the first request of a batch waits for others, in milliseconds
+    #: the longest a batch waits for the requests the last engine call suggests are coming, in
+    #: milliseconds (a lone client's request never waits: see the batcher)
     window_ms: float = 5.0
     #: attention weights one /attention answer may hold (layers x heads x pieces x pieces, all
     #: three kinds): about 5 bytes of JSON each, so the default is an answer of about 5 MB
