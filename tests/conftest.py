@@ -154,6 +154,28 @@ def write_multi_corpus(directory: Path, lines: int = 30, langs=("en", "de", "fr"
     return directory
 
 
+def write_unequal_directions(directory: Path) -> Path:
+    """de-en with 40 training pairs and fr-en with 8, in fairseq's per-direction layout
+    (train.de-en.de, ...); validation and test shared (val.de, val.fr, val.en)."""
+    write_multi_corpus(directory, lines=40, langs=("en", "de", "fr"))
+    for lang in ("fr", "en"):
+        lines = (directory / f"train.{lang}").read_text(encoding="utf-8").splitlines()[:8]
+        (directory / f"train.fr-en.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return directory
+
+
+def train_multi_run(base: Path) -> Path:
+    """A two-epoch en->de+fr run of the tiny model over :func:`write_multi_corpus` (the
+    directory of its checkpoints, logs and tokenizer)."""
+    from transformer_mt.training.run import run
+
+    corpus = write_multi_corpus(base / "corpus")
+    run_dir = base / "run"
+    overrides = [*FILES_TRAIN, "trainer.max_epochs=2", "data.max_len=32", f"data.dir={corpus}"]
+    run(compose_train(run_dir, [*overrides, "data.directions=[en-de,en-fr]"]))
+    return run_dir
+
+
 def regular_file(tmp: Path) -> Path:
     """A path under which nothing can be created, even by root (unlike chmod 500)."""
     path = tmp / "a_file"

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from transformer_mt.data.config import DataConfig
 from transformer_mt.data.datamodule import TranslationDataModule
-from transformer_mt.data.directions import parse_directions, summary_languages
+from transformer_mt.data.directions import (
+    parse_directions,
+    sample_epoch,
+    summary_languages,
+    temperature_shares,
+)
 
-from conftest import write_multi_corpus
+from conftest import write_multi_corpus, write_unequal_directions
 
 
 def multi_dm(corpus: Path, directions: list[str], **overrides) -> TranslationDataModule:
@@ -103,3 +109,59 @@ def test_a_tag_in_the_text_is_text_and_a_tag_piece_is_refused(tmp_path: Path) ->
 def test_separate_vocabularies_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs one joint vocabulary"):
         multi_dm(write_multi_corpus(tmp_path / "c"), ["en-de", "en-fr"], joint_vocab=False)
+
+
+def test_temperature_shares_flatten_the_mix_towards_uniform() -> None:
+    assert temperature_shares([900, 100], 1.0) == pytest.approx([0.9, 0.1])
+    # 0.9^(1/5) : 0.1^(1/5), normalised
+    assert temperature_shares([900, 100], 5.0) == pytest.approx([0.6081, 0.3919], abs=1e-4)
+    assert temperature_shares([900, 100], 1e9) == pytest.approx([0.5, 0.5])
+
+
+def test_an_epoch_draws_each_direction_its_share_without_early_repeats() -> None:
+    groups = np.array([0] * 900 + [1] * 100)
+    assert sample_epoch(groups, 1.0, seed=0) is None  # proportional: the corpus itself
+    epoch = sample_epoch(groups, 5.0, seed=0)
+    assert epoch is not None and len(epoch) == 1000
+    counts = np.bincount(epoch, minlength=1000)
+    # 608 of the large direction, each at most once; 392 of the small: 3 passes + 92.
+    assert (counts[:900] <= 1).all() and counts[:900].sum() == 608
+    assert counts[900:].sum() == 392 and set(counts[900:].tolist()) == {3, 4}
+    again, other = sample_epoch(groups, 5.0, seed=0), sample_epoch(groups, 5.0, seed=1)
+    assert np.array_equal(epoch, again) and not np.array_equal(epoch, other)
+
+
+def test_each_direction_may_have_files_of_its_own(tmp_path: Path) -> None:
+    dm = multi_dm(write_unequal_directions(tmp_path / "c"), ["de-en", "fr-en"])
+    directions = dm.splits["train"]["direction"]
+    assert directions.count("de-en") == 40 and directions.count("fr-en") == 8
+    assert dm.splits["validation"]["direction"].count("fr-en") == 40  # val.fr, shared
+
+
+def test_temperature_sampling_resamples_the_training_epoch(tmp_path: Path) -> None:
+    """At T=5 an epoch of the 40 + 8 pairs holds 48 examples in the flattened mix (the 8
+    fr-en pairs repeated), batches stay within the budget, and each epoch draws anew."""
+    dm = multi_dm(
+        write_unequal_directions(tmp_path / "c"), ["de-en", "fr-en"], direction_temperature=5.0
+    )
+    directions = np.array(dm.splits["train"]["direction"])
+    shares = temperature_shares([40, 8], 5.0)
+    epochs = [dm.epoch_examples(e) for e in (0, 1)]
+    for examples in epochs:
+        assert examples is not None and len(examples) == 48
+        assert (directions[examples] == "fr-en").sum() == round(shares[1] * 48)
+    assert not np.array_equal(*epochs)
+    # The loader of epoch 0 yields exactly that epoch's examples (by their source index).
+    index = np.array(dm.splits["train"]["index"])
+    seen = [i for batch in dm.train_dataloader() for i in batch["index"].tolist()]
+    assert sorted(seen) == sorted(index[epochs[0]].tolist())
+    sampler = dm.batch_sampler("train", epoch=1)
+    src, tgt = (np.asarray(x)[epochs[1]] for x in dm.data.lengths["train"])
+    for batch in sampler.batches(1):
+        assert len(batch) * max(src[batch].max() + 1, tgt[batch].max() + 2) <= 2048
+
+
+def test_a_temperature_that_is_not_positive_is_refused() -> None:
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="direction_temperature must be a positive number"):
+            DataConfig(directions=["en-de", "en-fr"], direction_temperature=bad)

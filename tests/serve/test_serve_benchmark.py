@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from test_serve_app import SOURCES, write_tiny_checkpoint
 
-from conftest import ROOT
+from transformer_mt.serve.timing import STAGES
 
-pytest.importorskip("httpx", reason="the benchmark's clients need httpx (dev extra)")
+from conftest import ROOT
 
 
 @pytest.mark.slow
@@ -29,5 +29,11 @@ def test_serve_benchmark_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert result["concurrent"]["errors"] == 0 and result["single"]["errors"] == 0
     assert result["concurrent"]["requests"] > 0 and result["single"]["requests"] == 5
     assert len(result["offline"]["seconds"]) == 2
+    assert len(result["offline_in_client_batches"]["seconds"]) == 2
+    # Every stage of a lone request is told by the server, and they add up to its total.
+    stages = result["single"]["server_stages_ms"]
+    assert list(stages) == ["total", *STAGES, "answer"]
+    assert result["single"]["p50_ms"] > 0 and stages["engine"] > 0
+    assert set(result["engine_stages_ms"]) == {"tokenise", "search", "detokenise"}
     assert result["environment"]["cpu"]
     assert {g["goal"] for g in result["goals"]} >= {"concurrent errors"}

@@ -28,6 +28,8 @@ from test_serve_app import LINES, write_tiny_checkpoint
 
 from transformer_mt.cli.serve import KEY_VARIABLE
 
+from conftest import train_multi_run
+
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
 playwright = pytest.importorskip("playwright.sync_api", reason="needs playwright (dev extra)")
 
@@ -68,11 +70,20 @@ def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from serve(tmp_path_factory, {KEY_VARIABLE: KEY})
 
 
+@pytest.fixture(scope="module")
+def multi_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The same, over a tiny model trained for en->de and en->fr."""
+    run_dir = train_multi_run(tmp_path_factory.mktemp("multi"))
+    yield from serve(tmp_path_factory, {}, run_dir / "checkpoints" / "last.ckpt")
+
+
 KEY = "browser-key"
 
 
-def serve(tmp_path_factory: pytest.TempPathFactory, extra_env: dict[str, str]) -> Iterator[str]:
-    ckpt = write_tiny_checkpoint(tmp_path_factory.mktemp("browser") / "tiny.ckpt")
+def serve(
+    tmp_path_factory: pytest.TempPathFactory, extra_env: dict[str, str], ckpt: Path | None = None
+) -> Iterator[str]:
+    ckpt = ckpt or write_tiny_checkpoint(tmp_path_factory.mktemp("browser") / "tiny.ckpt")
     env = {k: v for k, v in os.environ.items() if k != KEY_VARIABLE}
     env.update(OMP_NUM_THREADS="1", **extra_env)
     proc = subprocess.Popen(
@@ -191,6 +202,33 @@ def test_a_prefix_and_word_alignments(server: str, page: Any) -> None:
     page.click("#attend")
     page.locator("#alignment").wait_for(state="hidden")
     assert page.locator('table.heatmap[data-kind="cross"]').count() >= 1
+
+
+def test_a_multilingual_model_gets_a_target_language_selector(
+    server: str, multi_server: str, page: Any
+) -> None:
+    """The page of a model with one target language has no selector; that of an en->de+fr
+    model offers both, and each choice gives the API's translation into that language (and
+    its attention maps)."""
+    page.goto(server)
+    page.wait_for_function("!document.getElementById('model-info').textContent.startsWith('load')")
+    assert page.locator("#tgt-lang-field").is_hidden()
+
+    sentence = "one house 3"
+    page.goto(multi_server)
+    page.locator("#tgt-lang-field").wait_for(state="visible")
+    options = page.locator("#tgt-lang option").evaluate_all("els => els.map(e => e.value)")
+    assert options == ["de", "fr"]
+    for lang in ("fr", "de"):
+        expected = post(f"{multi_server}/translate", {"text": [sentence], "tgt_lang": lang})
+        page.select_option("#tgt-lang", lang)
+        page.fill("#source", sentence)
+        page.fill("#output", "")
+        page.click("#translate")
+        page.wait_for_function("document.getElementById('output').value !== ''")
+        page.locator('table.heatmap[data-kind="cross"]').first.wait_for()
+        assert page.input_value("#output") == expected["translations"][0]
+        assert page.locator("#error").is_hidden()
 
 
 def test_errors_show_on_the_page(page: Any, server: str) -> None:

@@ -7,20 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FILES_TRAIN, MULTI30K, compose_train, write_multi_corpus
-
-MULTI = [*FILES_TRAIN, "trainer.max_epochs=2", "data.max_len=32"]
+from conftest import FILES_TRAIN, MULTI30K, compose_train, train_multi_run, write_unequal_directions
 
 
 @pytest.fixture(scope="module")
 def multi_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformer_mt.training.run import run
-
-    base = tmp_path_factory.mktemp("multi")
-    corpus = write_multi_corpus(base / "corpus")
-    run_dir = base / "run"
-    run(compose_train(run_dir, [*MULTI, f"data.dir={corpus}", "data.directions=[en-de,en-fr]"]))
-    return run_dir
+    return train_multi_run(tmp_path_factory.mktemp("multi"))
 
 
 def test_validation_scores_each_direction_and_their_mean(multi_run: Path) -> None:
@@ -239,3 +231,37 @@ def test_ctranslate2_decodes_a_multilingual_model_as_torch_does(
         ours = Translator(loaded, search, tgt_lang=lang).translate(lines)
         theirs = Translator(loaded, search, engine=engine, tgt_lang=lang).translate(lines)
         assert theirs == ours
+
+
+def test_each_epoch_trains_on_its_own_draw_of_the_directions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With data.direction_temperature=5 the real Trainer reloads the training loader every
+    epoch, and each epoch's loader holds the draw made for that epoch."""
+    from transformer_mt.data.datamodule import TranslationDataModule
+    from transformer_mt.training.run import run
+
+    drawn: list[int] = []
+    examples = TranslationDataModule.epoch_examples
+
+    def recording(self, epoch):
+        drawn.append(epoch)
+        return examples(self, epoch)
+
+    monkeypatch.setattr(TranslationDataModule, "epoch_examples", recording)
+    corpus = write_unequal_directions(tmp_path / "corpus")
+    overrides = [o for o in FILES_TRAIN if not o.startswith("trainer.max_epochs")]
+    run_dir = tmp_path / "run"
+    run(
+        compose_train(
+            run_dir,
+            [
+                *overrides, f"data.dir={corpus}", "data.max_len=32", "trainer.max_epochs=3",
+                "data.directions=[de-en,fr-en]", "data.direction_temperature=5",
+            ],
+        )
+    )  # fmt: skip
+    assert sorted(set(drawn)) == [0, 1, 2]
+    with open(next(run_dir.rglob("metrics.csv")), newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["epoch"] for r in rows if r.get("val/bleu/fr-en")} == {"0", "1", "2"}

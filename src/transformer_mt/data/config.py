@@ -12,6 +12,7 @@ equal), except ``cache_dir``: without one nothing is written outside the run dir
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -68,6 +69,9 @@ class DataConfig:
             :mod:`transformer_mt.data.directions`): each source gets its target language's
             tag, ``src_lang``/``tgt_lang`` become the shared languages (or ``mul``). Empty:
             the one direction ``src_lang -> tgt_lang``.
+        direction_temperature: How an epoch mixes several directions
+            (:func:`~transformer_mt.data.directions.temperature_shares`): 1 = in proportion
+            to their sizes (each pair once), larger = flatter (5 is usual).
         vocab_size: BPE vocabulary size (each side if not joint).
         joint_vocab: One vocabulary for both languages (lets the model tie embeddings).
         min_frequency: Minimum count of a BPE merge.
@@ -102,6 +106,7 @@ class DataConfig:
     number_range: tuple[int, int] = (2, 99999)
     task: str = "sentences"
     directions: list[str] = field(default_factory=list)
+    direction_temperature: float = 1.0
     vocab_size: int = 512
     joint_vocab: bool = True
     min_frequency: int = 2
@@ -136,6 +141,7 @@ class DataConfig:
         self.num_workers, self.num_proc = int(self.num_workers), int(self.num_proc)
         self.joint_vocab = bool(self.joint_vocab)
         self.bpe_dropout = float(self.bpe_dropout)
+        self.direction_temperature = float(self.direction_temperature)
         if self.eval_max_tokens is None:
             self.eval_max_tokens = self.max_tokens
         self.eval_max_tokens = int(self.eval_max_tokens)
@@ -169,6 +175,12 @@ class DataConfig:
                 f"bpe_dropout must be in [0, 1), got {self.bpe_dropout}; "
                 "e.g. data.bpe_dropout=0.1 (0 turns it off)."
             )
+        if not (math.isfinite(self.direction_temperature) and self.direction_temperature > 0):
+            raise ValueError(
+                f"direction_temperature must be a positive number, got "
+                f"{self.direction_temperature}; e.g. data.direction_temperature=5 (1: in "
+                "proportion to the directions' sizes)."
+            )
         for key in ("max_tokens", "eval_max_tokens"):
             value = getattr(self, key)
             if value < self.max_len + 2:  # the longest tensor row is <bos> + max_len + <eos>
@@ -187,6 +199,11 @@ class DataConfig:
     @property
     def multilingual(self) -> bool:
         return bool(self.directions)
+
+    @property
+    def resamples_directions(self) -> bool:
+        """Whether each epoch draws its own mix of directions (a temperature other than 1)."""
+        return self.multilingual and self.direction_temperature != 1.0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only (lists, not tuples): for checkpoints and YAML."""

@@ -24,6 +24,7 @@ from transformer_mt.data.batching import TokenBudgetBatchSampler
 from transformer_mt.data.bpe_dropout import EpochSegmentation
 from transformer_mt.data.collate import Collate, TokenizedSplit, source_limit
 from transformer_mt.data.config import DataConfig
+from transformer_mt.data.directions import sample_epoch
 from transformer_mt.data.prepare import PreparedData, decode_loader, prepare
 from transformer_mt.data.tokenizer import Tokenizer
 
@@ -116,6 +117,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self.model_max_len = model_max_len
         self.data: PreparedData | None = None
         self._segmentation: EpochSegmentation | None = None
+        self._groups: np.ndarray | None = None  # each training pair's direction number
 
     # -------------------------------------------------------------- properties
 
@@ -204,6 +206,19 @@ class TranslationDataModule(pl.LightningDataModule):
             )
         return self._segmentation
 
+    def epoch_examples(self, epoch: int) -> np.ndarray | None:
+        """The training examples of ``epoch`` when the directions are resampled each epoch
+        (``data.direction_temperature`` other than 1; indices, with repeats), else ``None``:
+        every training pair once."""
+        if not self.config.resamples_directions:
+            return None
+        if self._groups is None:
+            directions = self._require_setup().splits["train"]["direction"]
+            self._groups = np.unique(np.asarray(directions), return_inverse=True)[1]
+        return sample_epoch(
+            self._groups, self.config.direction_temperature, self.config.seed + epoch
+        )
+
     def _epoch(self) -> int:
         trainer = self._trainer_or_none()
         return 0 if trainer is None else int(trainer.current_epoch)
@@ -214,15 +229,21 @@ class TranslationDataModule(pl.LightningDataModule):
         """The shuffled token-budget sampler of a training split: ``B * max(S, T)``.
 
         Under BPE-dropout the budget counts the lengths of ``epoch``'s sampled segmentation
-        (default: the trainer's current epoch), which are longer than the stored ones.
+        (default: the trainer's current epoch), which are longer than the stored ones; under
+        temperature sampling of directions the sampler's positions are those of
+        :meth:`epoch_examples` (the training loader's dataset holds them in that order).
         """
         data = self._require_setup()
         if split_name not in data.splits:
             raise ValueError(f"No split {split_name!r}; available: {sorted(data.splits)}.")
         src_len, tgt_len = data.lengths[split_name]
+        epoch = self._epoch() if epoch is None else epoch
         segmentation = self.segmentation() if split_name == "train" else None
         if segmentation is not None:
-            src_len, tgt_len = segmentation.lengths(self._epoch() if epoch is None else epoch)
+            src_len, tgt_len = segmentation.lengths(epoch)
+        examples = self.epoch_examples(epoch) if split_name == "train" else None
+        if examples is not None:
+            src_len, tgt_len = np.asarray(src_len)[examples], np.asarray(tgt_len)[examples]
         rank, world = self._rank_and_world()
         limit = self.config.max_len
         return TokenBudgetBatchSampler(
@@ -243,15 +264,22 @@ class TranslationDataModule(pl.LightningDataModule):
         tok = data.tokenizer
         trainer = self._trainer_or_none()
         segmentation = self.segmentation()
+        epoch = self._epoch()
+        examples = self.epoch_examples(epoch)
         dataset: Dataset
         if segmentation is None:
-            dataset = TokenizedSplit(data.splits["train"])
+            train = data.splits["train"]
+            dataset = TokenizedSplit(train if examples is None else train.select(examples))
         else:
-            epoch = self._epoch()
             src_ids, tgt_ids = segmentation.ids(epoch)
-            dataset = SegmentedSplit(data.splits["train"]["index"], src_ids, tgt_ids)
+            index = data.splits["train"]["index"]
+            if examples is not None:
+                picked = examples.tolist()
+                index = [index[i] for i in picked]
+                src_ids, tgt_ids = [src_ids[i] for i in picked], [tgt_ids[i] for i in picked]
+            dataset = SegmentedSplit(index, src_ids, tgt_ids)
         sampler = self.batch_sampler("train")
-        if segmentation is not None:
+        if segmentation is not None or examples is not None:
             sampler.set_epoch(epoch)
         return ResumableDataLoader(
             dataset,

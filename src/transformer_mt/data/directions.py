@@ -8,15 +8,22 @@ the decoder's start token stays ``<bos>`` for every direction, so greedy, beam a
 search, the KV cache, scoring and the exported models (a Hugging Face tokenizer's special
 token, a CTranslate2 source token) need nothing new; the one change is the source row.
 
-The training set is every direction's training pairs together, proportional to their sizes
-(each pair once per epoch; Multi30k's four languages have the same 29,000 sentences, so its
-directions are equally represented), and token-budget batches mix directions.
+The training set is every direction's training pairs together, and token-budget batches mix
+directions. How much of each direction an epoch holds is ``data.direction_temperature`` T
+(:func:`temperature_shares`, Arivazhagan et al., 2019): T = 1 (the default) is proportional to
+the directions' sizes, every pair once per epoch; a larger T flattens the mix towards uniform
+(T = 5 is the literature's usual choice), so a small direction is seen more often (its pairs
+repeated) and a large one less (a different part of it each epoch), the epoch keeping the
+corpus' size. Multi30k's four languages have the same 29,000 sentences, so its directions are
+equally represented at any T.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+
+import numpy as np
 
 #: A direction ``src-tgt``: two language codes (letters, digits, ``_``) joined by ``-``.
 _DIRECTION = re.compile(r"^([A-Za-z0-9_]+)-([A-Za-z0-9_]+)$")
@@ -73,3 +80,36 @@ def target_languages(pairs: Sequence[tuple[str, str]]) -> list[str]:
         if t not in seen:
             seen.append(t)
     return seen
+
+
+def temperature_shares(sizes: Sequence[int], temperature: float) -> np.ndarray:
+    """Each direction's share of an epoch: ``p_i^(1/T) / sum_j p_j^(1/T)``, where ``p_i`` is
+    its share of the training pairs (T = 1: ``p`` itself; T -> infinity: uniform)."""
+    p = np.asarray(sizes, dtype=np.float64)
+    p = p / p.sum()
+    q = p ** (1.0 / temperature)
+    return q / q.sum()
+
+
+def sample_epoch(groups: np.ndarray, temperature: float, seed: int) -> np.ndarray | None:
+    """The training examples of one epoch under temperature sampling: example indices (with
+    repeats) drawn per direction, ``groups`` giving each example's direction number.
+
+    Direction ``i`` gets ``round(share_i * N)`` examples (:func:`temperature_shares`, N the
+    corpus size): whole passes over its pairs in a fresh order, then a random part of one more
+    pass, so no pair repeats before every pair of its direction has been drawn. ``seed``
+    (the data seed plus the epoch) fixes the draw. ``None`` when every direction would be
+    drawn exactly once (proportional sampling): the epoch is the corpus itself.
+    """
+    ids, counts = np.unique(groups, return_counts=True)
+    wanted = np.rint(temperature_shares(counts, temperature) * len(groups)).astype(np.int64)
+    if np.array_equal(wanted, counts):
+        return None
+    rng = np.random.default_rng(seed)
+    drawn = []
+    for group, want in zip(ids.tolist(), wanted.tolist()):
+        members = np.flatnonzero(groups == group)
+        passes, rest = divmod(max(int(want), 1), len(members))
+        drawn += [rng.permutation(members) for _ in range(passes)]
+        drawn.append(rng.permutation(members)[:rest])
+    return np.sort(np.concatenate(drawn))

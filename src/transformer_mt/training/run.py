@@ -183,8 +183,9 @@ def build_trainer(cfg: TrainSchema, module: TranslationModule) -> pl.Trainer:
     # A sweep trial under DDP: Lightning starts the other ranks as this job, not as the sweep.
     rerun_as_one_job()
     extra: dict[str, Any] = {}
-    if cfg.data.bpe_dropout > 0:
-        # Each epoch's BPE-dropout segmentation comes with a new training loader.
+    if cfg.data.bpe_dropout > 0 or (cfg.data.directions and cfg.data.direction_temperature != 1):
+        # Each epoch's BPE-dropout segmentation, or its draw of the directions, comes with a
+        # new training loader.
         extra["reload_dataloaders_every_n_epochs"] = 1
     return hydra.utils.instantiate(
         cfg.trainer,

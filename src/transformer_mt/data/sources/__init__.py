@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import datasets
 
 from transformer_mt.data.config import DataConfig
-from transformer_mt.data.sources.files import load_files_corpus
+from transformer_mt.data.sources.files import direction_prefixes, load_files_corpus
 from transformer_mt.data.sources.generated import generate_numbers_corpus
 from transformer_mt.data.sources.hub import load_hub_corpus
 
@@ -81,11 +81,14 @@ def _load_one(config: DataConfig, src_lang: str, tgt_lang: str) -> datasets.Data
                 "source=files needs a directory: set data.dir, e.g. "
                 "data.dir=../shared/data/multi30k."
             )
+        prefixes = config.prefixes
+        if config.multilingual:
+            prefixes = direction_prefixes(config.dir, prefixes, src_lang, tgt_lang)
         corpus = load_files_corpus(
             config.dir,
             src_lang,
             tgt_lang,
-            prefixes=config.prefixes,
+            prefixes=prefixes,
             file_format=config.file_format,
         )
     else:

@@ -76,6 +76,23 @@ def _find(directory: Path, stem: str) -> Path | None:
     return None
 
 
+def direction_prefixes(
+    directory: str | os.PathLike[str], prefixes: Mapping[str, str], src_lang: str, tgt_lang: str
+) -> dict[str, str]:
+    """The file prefixes of one direction of several: ``{prefix}.{src}-{tgt}`` for each split
+    that has files of that name (``train.de-en.de`` + ``train.de-en.en``, or
+    ``train.de-en.tsv`` / ``.jsonl``: fairseq's layout, which lets each direction have a
+    corpus of its own size), else the split's shared prefix (``train.de`` + ``train.en``: the
+    Multi30k layout, one aligned file per language)."""
+    directory = Path(directory).expanduser()
+    out = {}
+    for split, prefix in prefixes.items():
+        own = f"{prefix}.{src_lang}-{tgt_lang}"
+        names = (f"{own}.{src_lang}", f"{own}.tsv", f"{own}.jsonl")
+        out[split] = own if any(_find(directory, n) is not None for n in names) else prefix
+    return out
+
+
 def _parallel_paths(directory: Path, prefix: str, src_lang: str, tgt_lang: str) -> list[Path]:
     paths = []
     for lang in (src_lang, tgt_lang):

@@ -62,9 +62,13 @@ async function post(path, body) {
   return data;
 }
 
+// The decoding options of the form: the beam size, and the target language of a model that
+// translates into several (the selector is shown only for such a model).
 function options() {
   const beam = parseInt($("beam").value, 10);
-  return Number.isFinite(beam) ? { beam_size: beam } : {};
+  const chosen = Number.isFinite(beam) ? { beam_size: beam } : {};
+  if (!$("tgt-lang-field").hidden) chosen.tgt_lang = $("tgt-lang").value;
+  return chosen;
 }
 
 async function busy(label, work) {
@@ -145,7 +149,8 @@ function markAligned(side, index) {
 
 async function attend(text, translation) {
   $("status").textContent = "recording attention…";
-  state.maps = await post("/attention", { text, translation });
+  const lang = $("tgt-lang-field").hidden ? {} : { tgt_lang: $("tgt-lang").value };
+  state.maps = await post("/attention", { text, translation, ...lang });
   state.activeRow = null;
   fillSelectors();
   $("attention").hidden = false;
@@ -271,6 +276,15 @@ function highlight(row) {
   });
 }
 
+// A model with several target languages gets a selector, set to the service's default
+// language when it has one (transformer-mt-serve --tgt-lang), else to the first.
+function showLanguages(languages, fixed) {
+  if (languages.length < 2) return;
+  $("tgt-lang").replaceChildren(...languages.map((lang) => new Option(lang, lang)));
+  $("tgt-lang").value = fixed && languages.includes(fixed) ? fixed : languages[0];
+  $("tgt-lang-field").hidden = false;
+}
+
 async function loadModel() {
   try {
     const response = await call("/model");
@@ -279,9 +293,11 @@ async function loadModel() {
     const bleu = info.val_bleu == null ? "" : `, validation BLEU ${info.val_bleu.toFixed(2)}`;
     const params = (info.parameters / 1e6).toFixed(info.parameters < 1e6 ? 3 : 1);
     $("model-info").textContent =
-      `${info.src_lang || "?"} → ${info.tgt_lang || "?"} · ${info.checkpoint} · ` +
+      `${info.src_lang || "?"} → ${info.tgt_lang || (info.target_languages || []).join("/") || "?"}` +
+      ` · ${info.checkpoint} · ` +
       `${params} M parameters · ${info.config.n_encoder_layers} + ${info.config.n_decoder_layers} ` +
       `layers × ${info.config.n_heads} heads · engine ${info.engine}${bleu}`;
+    showLanguages(info.target_languages || [], info.tgt_lang);
     $("beam").value = info.decoding.beam_size;
     $("beam").max = info.limits.max_beam;
   } catch (err) {
