@@ -4,7 +4,8 @@ Every number of the README's results table comes from one of these records, and
 tests/test_records.py fails when the table and the records disagree. A record holds what it
 takes to judge and repeat the number: the command, the git commit, the CPU model and threads,
 the training (epochs, steps, median target tokens/s, the wall-clock budget), and for each
-evaluation of the run the checkpoint, decoding options, metrics and sacreBLEU signatures.
+evaluation of the run the checkpoint, decoding options, metrics and sacreBLEU signatures (for
+a multilingual model each direction's metrics too, the means as ``metrics``).
 
     python scripts/record_run.py RUN_DIR --name multi30k_de_en_60 \\
         --eval greedy=outputs/evaluate/greedy/results.json \\
@@ -89,7 +90,12 @@ def evaluation(path: Path) -> dict[str, Any]:
         "compute_type",
         "device",
     )
+    per_direction = {
+        name: {k: round(float(v), 2) for k, v in part["metrics"].items()}
+        for name, part in (results.get("directions") or {}).items()
+    }
     return {
+        **({"directions": per_direction} if per_direction else {}),
         "checkpoint": Path(results["checkpoint"]["path"]).name,
         "global_step": results["checkpoint"].get("global_step"),
         "data": results.get("data", {}).get("split") or results.get("data", {}).get("source_file"),

@@ -164,6 +164,17 @@ def write_unequal_directions(directory: Path) -> Path:
     return directory
 
 
+def load_script(name: str):
+    """``scripts/NAME.py`` as a module (the scripts are not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def train_multi_run(base: Path) -> Path:
     """A two-epoch en->de+fr run of the tiny model over :func:`write_multi_corpus` (the
     directory of its checkpoints, logs and tokenizer)."""

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
 from transformer_mt.checkpoint import load_checkpoint, load_model
 
-from conftest import ROOT, best_checkpoint, short_run, train_tiny_run, write_corpus
-
-
-def script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import best_checkpoint, short_run, train_tiny_run, write_corpus
+from conftest import load_script as script
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
 
-from conftest import FILES_TRAIN, MULTI30K, compose_train, train_multi_run, write_unequal_directions
+from conftest import (
+    FILES_TRAIN,
+    MULTI30K,
+    compose_train,
+    load_script,
+    train_multi_run,
+    write_unequal_directions,
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +54,14 @@ def test_evaluate_reports_each_direction(multi_run: Path, tmp_path: Path) -> Non
     assert per["en-de"]["n_sentences"] == per["en-fr"]["n_sentences"] == 30
     mean = (per["en-de"]["metrics"]["bleu"] + per["en-fr"]["metrics"]["bleu"]) / 2
     assert results["metrics"]["bleu"] == pytest.approx(mean)
+    # The record of such an evaluation keeps each direction's metrics beside the means.
+    record_main = load_script("record_run").main
+    args = [str(multi_run), "--name", "multi", "--out", str(tmp_path / "runs")]
+    assert record_main([*args, "--eval", f"greedy={tmp_path / 'results.json'}"]) == 0
+    record = json.loads((tmp_path / "runs" / "multi.json").read_text(encoding="utf-8"))
+    kept = record["evaluations"]["greedy"]["directions"]
+    assert sorted(kept) == ["en-de", "en-fr"]
+    assert kept["en-fr"]["bleu"] == round(per["en-fr"]["metrics"]["bleu"], 2)
 
 
 def test_translate_picks_the_target_language_and_refuses_others(
