@@ -177,7 +177,10 @@ def build_trainer(cfg: TrainSchema, module: TranslationModule) -> pl.Trainer:
         plugins.append(AtomicCheckpointIO())
     # trainer.precision=auto: what this machine runs fastest (training/precision.py).
     choice = resolve_precision(
-        cfg.trainer.get("precision"), cfg.trainer.get("accelerator"), module.model
+        cfg.trainer.get("precision"),
+        cfg.trainer.get("accelerator"),
+        module.model,
+        batch_tokens=cfg.data.max_tokens,
     )
     log.info("precision: %s (%s)", choice.precision, choice.reason)
     # A sweep trial under DDP: Lightning starts the other ranks as this job, not as the sweep.
