@@ -30,6 +30,7 @@ from torch import Tensor
 
 from transformer_mt.errors import SettingError
 from transformer_mt.inference.constraints import Candidate, ConstraintState, allocate
+from transformer_mt.model.attention import frozen_weights
 from transformer_mt.model.kv_cache import KVCache
 from transformer_mt.model.transformer import Transformer
 
@@ -855,7 +856,10 @@ def search_batch(
         fn = greedy_search
     else:
         fn = beam_search
-    return fn(model, src, bos_id=bos_id, eos_id=eos_id, search=search, steer=steer)
+    # The weights do not change during a search: each attention layer joins its projection
+    # weights once for every step.
+    with frozen_weights(*as_models(model)):
+        return fn(model, src, bos_id=bos_id, eos_id=eos_id, search=search, steer=steer)
 
 
 def generate(

@@ -138,6 +138,8 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(c.d_model, c.n_heads * c.d_k, bias=c.bias)
         self.v_proj = nn.Linear(c.d_model, c.n_heads * c.d_v, bias=c.bias)
         self.out_proj = nn.Linear(c.n_heads * c.d_v, c.d_model, bias=c.bias)
+        #: concatenated projection weights kept while :func:`frozen_weights` holds
+        self._joined: dict[tuple[int, ...], tuple[Tensor, Tensor | None]] | None = None
 
     def forward(
         self,
@@ -230,26 +232,38 @@ class MultiHeadAttention(nn.Module):
             cache.set(k, v)
         return q, k, v
 
+    def _joined_weights(self, projections: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor | None]:
+        """The weight ``(sum of outs, d_model)`` and bias of ``projections`` as one layer.
+
+        Concatenated at every call, not cached, outside :func:`frozen_weights`: fused
+        optimizers update weights in place without bumping version counters, so a cache could
+        not tell that it is stale. A search holds the weights frozen, and a decoding step then
+        reads the joined weight instead of copying all of it for one token.
+        """
+        if len(projections) == 1:  # no copy of a single weight
+            return projections[0].weight, projections[0].bias
+        key = tuple(id(p) for p in projections)
+        if self._joined is not None and key in self._joined:
+            return self._joined[key]
+        weight = torch.cat([p.weight for p in projections])  # (sum of outs, d_model)
+        biases = [p.bias for p in projections if p.bias is not None]
+        joined = weight, torch.cat(biases) if biases else None  # bias (sum of outs,)
+        if self._joined is not None:
+            self._joined[key] = joined
+        return joined
+
     def _project(self, x: Tensor, *projections: nn.Linear) -> tuple[Tensor, ...]:
         """Apply several projections of the same input as one matmul; split into heads.
 
         ``x (B, L, d_model)`` -> one ``(B, H, L, d_head)`` tensor per projection, where
         ``d_head`` is ``d_k`` for ``q_proj``/``k_proj`` and ``d_v`` for ``v_proj``.
         """
-        # Several projections are concatenated at every call, not cached: fused optimizers
-        # update weights in place without bumping version counters, so a cache could not tell
-        # that it is stale.
         sizes = [p.out_features for p in projections]
         if not all(isinstance(p, nn.Linear) for p in projections):
             # Quantized (int8) layers hold packed weights: each runs as its own module.
             parts = tuple(p(x) for p in projections)
         else:
-            if len(projections) == 1:  # no copy of a single weight
-                weight, bias = projections[0].weight, projections[0].bias
-            else:
-                weight = torch.cat([p.weight for p in projections])  # (sum of outs, d_model)
-                biases = [p.bias for p in projections if p.bias is not None]
-                bias = torch.cat(biases) if biases else None  # (sum of outs,)
+            weight, bias = self._joined_weights(projections)
             parts = F.linear(x, weight, bias).split(sizes, dim=-1)  # (B, L, H * d_head) each
         B, L, _ = x.shape
         return tuple(
@@ -286,6 +300,25 @@ def _combine_masks(
     # Queries are the last T of T_k positions (T_k > T when keys come from a cache).
     causal = torch.ones(T, T_k, dtype=torch.bool, device=q.device).tril(T_k - T)  # (T, T_k)
     return causal[None, None] if mask is None else mask & causal  # (B|1, H|1, T, T_k)
+
+
+@contextmanager
+def frozen_weights(*models: nn.Module) -> Iterator[None]:
+    """Within the block the weights of ``models`` do not change (a search, not training):
+    each attention layer joins its projection weights once and reuses them at every step.
+
+    Nested blocks keep the outermost one's joined weights; leaving it drops them, so a
+    training step after a validation search joins the updated weights again.
+    """
+    layers = [m for model in models for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    opened = [layer for layer in layers if layer._joined is None]
+    for layer in opened:
+        layer._joined = {}
+    try:
+        yield
+    finally:
+        for layer in opened:
+            layer._joined = None
 
 
 @contextmanager
