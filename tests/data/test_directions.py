@@ -91,6 +91,17 @@ def test_a_missing_direction_file_is_one_line(tmp_path: Path) -> None:
         multi_dm(corpus, ["en-de", "en-fr"])
 
 
+def test_a_directions_own_files_must_be_complete_and_aligned(tmp_path: Path) -> None:
+    corpus = write_unequal_directions(tmp_path / "c")
+    lines = (corpus / "train.fr-en.en").read_text(encoding="utf-8").splitlines()
+    (corpus / "train.fr-en.en").write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"train\.fr-en"):
+        multi_dm(corpus, ["de-en", "fr-en"])
+    (corpus / "train.fr-en.en").unlink()
+    with pytest.raises(FileNotFoundError, match=r"train\.fr-en\.en"):
+        multi_dm(corpus, ["de-en", "fr-en"])
+
+
 def test_a_tag_in_the_text_is_text_and_a_tag_piece_is_refused(tmp_path: Path) -> None:
     dm = multi_dm(write_multi_corpus(tmp_path / "c"), ["en-de", "en-fr"])
     tok = dm.tokenizer
