@@ -1,6 +1,9 @@
-"""Bare-step tokens/s of the ``loop`` benchmark per thread setting (threads x OMP_WAIT_POLICY).
+"""Bare-step tokens/s of the ``loop`` benchmark per thread setting (threads x OpenMP waiting).
 
-OpenMP reads ``OMP_WAIT_POLICY`` once, when torch loads, so each setting runs
+The waiting of OpenMP's threads between parallel regions: ``ACTIVE`` spins, ``PASSIVE`` sleeps
+at once, and a short spin (``GOMP_SPINCOUNT=10000`` with no policy set: GNU OpenMP, which the
+torch wheels use) spins a few microseconds, then sleeps. OpenMP reads these once, when torch
+loads, so each setting runs
 ``benchmark.py loop --bare-only`` in a process of its own; the settings alternate over
 ``--repeats`` rounds (each round starts with another one) and each figure is the median.
 
@@ -24,10 +27,20 @@ from bench.common import Table, environment
 from bench.loop import add_step_arguments, check_steps
 
 NAME = "loop-threads"
-HELP = "bare training step per (threads, OMP_WAIT_POLICY), one process each"
+HELP = "bare training step per (threads, OpenMP waiting), one process each"
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmark.py"
-#: Thread settings compared: (intra-op threads, OMP_WAIT_POLICY).
-THREAD_SETTINGS = [(2, "ACTIVE"), (2, "PASSIVE"), (1, "PASSIVE")]
+#: Thread settings compared: (intra-op threads, OpenMP waiting: a policy, or a spin count).
+THREAD_SETTINGS = [(2, "ACTIVE"), (2, "PASSIVE"), (2, "GOMP_SPINCOUNT=10000"), (1, "PASSIVE")]
+
+
+def waiting_env(policy: str) -> dict[str, str]:
+    """The environment of a setting: ``OMP_WAIT_POLICY=policy``, or for a spin count that
+    count with no policy (a policy would override it)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    if policy.startswith("GOMP_SPINCOUNT="):
+        return {**env, "GOMP_SPINCOUNT": policy.split("=", 1)[1]}
+    return {**env, "OMP_WAIT_POLICY": policy}
+
 
 log = logging.getLogger("bench.loop_threads")
 
@@ -62,8 +75,7 @@ def bare_rate(args: argparse.Namespace, threads: int, policy: str, out: Path) ->
         "--out",
         str(out),
     ] + (["--quick"] if args.quick else [])
-    env = {**os.environ, "OMP_WAIT_POLICY": policy}
-    subprocess.run(command, env=env, check=True, capture_output=True)
+    subprocess.run(command, env=waiting_env(policy), check=True, capture_output=True)
     return json.loads(out.read_text())["rows"][0]["tokens_per_s"]
 
 
@@ -74,7 +86,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for r in range(args.repeats):
             shift = r % len(THREAD_SETTINGS)
             for threads, policy in THREAD_SETTINGS[shift:] + THREAD_SETTINGS[:shift]:
-                rate = bare_rate(args, threads, policy, Path(tmp) / f"{threads}-{policy}-{r}.json")
+                name = f"{threads}-{policy.replace('=', '-')}-{r}.json"
+                rate = bare_rate(args, threads, policy, Path(tmp) / name)
                 rates[f"{threads} threads, {policy}"].append(rate)
                 log.info("round %d %d threads %-7s %8.0f tok/s", r + 1, threads, policy, rate)
     return {

@@ -63,6 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--single-requests", type=int, default=200, help="one-client requests")
     p.add_argument("--offline-repeats", type=int, default=3)
     p.add_argument("--window-ms", type=float, default=5.0, help="the server's batching window")
+    p.add_argument(
+        "--server-threads", type=int, default=0,
+        help="the server's --threads (0: the service's default; --threads is the offline side's)",
+    )  # fmt: skip
 
 
 def read_sentences(path: Path, limit: int) -> list[str]:
@@ -107,7 +111,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
     command = (
         [str(script)] if script.exists() else [sys.executable, "-m", "transformer_mt.cli.serve"]
     )
-    command += ["--ckpt", str(args.ckpt), "--port", "0", "--threads", str(args.threads)]
+    command += ["--ckpt", str(args.ckpt), "--port", "0", "--threads", str(args.server_threads)]
     command += ["--window-ms", str(args.window_ms), *engine_flags(args)]
     command = _without_beam(command)
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)

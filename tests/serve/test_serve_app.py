@@ -471,3 +471,28 @@ def test_serving_beyond_this_machine_needs_a_key_or_insecure(
     monkeypatch.setenv(KEY_VARIABLE, "from-the-environment")
     (only,) = lines("--host", "0.0.0.0")
     assert "does not exist" in only
+
+
+def test_small_engine_calls_run_on_one_thread_and_large_ones_on_all(
+    tiny_ckpt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call of fewer than ONE_THREAD_ROWS rows (sentences x beams) runs on one intra-op
+    thread, a larger one on --threads; CTranslate2 loads with one thread unless told."""
+    from transformer_mt.serve import model as served
+
+    set_to: list[int] = []
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 0)
+    monkeypatch.setattr(torch, "set_num_threads", set_to.append)
+    model = ServedModel.open(tiny_ckpt, threads=3)
+    search, beam4 = model.search(beam_size=1), model.search(beam_size=4)
+    model.translate(LINES[:2], search)
+    model.translate(LINES[:2] * 4, beam4)  # 8 sentences x 4 beams
+    model.translate(LINES[:2] * 16, search)
+    assert set_to == [1, 3, 3] and served.ONE_THREAD_ROWS == 32
+    opened: list[int] = []
+    monkeypatch.setattr(
+        served, "open_engine", lambda *a, threads, **k: opened.append(threads) or None
+    )
+    for threads in (0, 2):
+        ServedModel.open(tiny_ckpt, engine="ctranslate2", threads=threads)
+    assert opened == [1, 2]

@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import os
 
-# As in cli/hydra_app.py: OpenMP reads its wait policy when torch loads, so it is set before
-# anything imports torch. PASSIVE threads sleep between parallel regions instead of spinning,
-# which on a busy CPU leaves the core to the descheduled sibling; the environment's value wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP reads how its threads wait between parallel regions when torch loads, so it is set
+# before anything imports torch. A decoding step runs dozens of small parallel regions: threads
+# that sleep at once (OMP_WAIT_POLICY=PASSIVE) are woken for every one of them, and threads that
+# spin for long (the default) burn the cores of a busy machine. A short spin (GNU OpenMP's, which
+# the torch wheels use) keeps the threads awake between the regions of one step, then lets them
+# sleep (docs/serve.md, "Where a lone request's time goes"). A wait policy or spin count already
+# in the environment wins.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 import argparse
 import ipaddress
@@ -105,7 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the language a multilingual checkpoint translates into, for every request",
     )
     parser.add_argument(
-        "--threads", type=int_range(0, 1024), default=0, help="engine threads (0 = default)"
+        "--threads",
+        type=int_range(0, 1024),
+        default=0,
+        help="engine threads of large batches (0 = the cores; small batches, and CTranslate2 "
+        "unless set, run on one)",
     )
     _add_access_arguments(parser)
     defaults = Limits()

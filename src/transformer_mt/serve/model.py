@@ -25,6 +25,11 @@ from transformer_mt.inference.engine import Converter, open_engine
 from transformer_mt.inference.search import SearchConfig, stop_when
 from transformer_mt.inference.translator import Translation, Translator
 
+#: Engine calls with fewer rows (sentences x beams) run on one intra-op thread: a small call's
+#: operations are too small to share, and waking a second thread for each of them cost more
+#: than it gained (docs/serve.md, "Where a lone request's time goes").
+ONE_THREAD_ROWS = 32
+
 
 class ServedModel:
     """A checkpoint ready to serve: translation through one engine, attention through torch.
@@ -35,7 +40,8 @@ class ServedModel:
         engine: the engine that translates (default: torch over ``ensemble``).
         engine_kind: its name for ``GET /model`` (``"torch"``, ``"ctranslate2"``).
         compute_type: the engine's weights (``default``, ``int8``, ...), for ``GET /model``.
-        threads: intra-op threads of the engine (0 = the library's default).
+        threads: intra-op threads of the engine's large calls (0 = the library's default);
+            calls of fewer than :data:`ONE_THREAD_ROWS` rows run on one thread.
         max_tokens: padded source tokens per engine batch (default: the checkpoint's
             ``data.eval_max_tokens``, as for ``transformer-mt-translate``).
         val_bleu: the validation BLEU the checkpoint stores, for ``GET /model``.
@@ -72,7 +78,7 @@ class ServedModel:
         self.engine = self.translator.engine
         self.engine_kind = engine_kind
         self.compute_type = compute_type or "default"
-        self.threads = threads
+        self.threads = threads or torch.get_num_threads()
         self.val_bleu = val_bleu
 
     @classmethod
@@ -98,19 +104,24 @@ class ServedModel:
         val_bleu = stored_val_bleu(checkpoint)
         del checkpoint
         ensemble = [first, *(load_model(p, "cpu") for p in paths[1:])]
+        # CTranslate2's threads are fixed when it loads: from the service's worker thread its
+        # calls ran faster on one thread than on two at every batch size measured.
+        ct2_threads = threads or 1
         decoder = open_engine(
-            engine, ensemble, ct2_model=ct2_model, compute_type=compute_type, threads=threads,
-            convert=convert,
+            engine, ensemble, ct2_model=ct2_model, compute_type=compute_type,
+            threads=ct2_threads if engine == "ctranslate2" else threads, convert=convert,
         )  # fmt: skip
         return cls(
             ensemble, engine=decoder, engine_kind=engine, compute_type=compute_type,
             threads=threads, val_bleu=val_bleu, tgt_lang=tgt_lang,
         )  # fmt: skip
 
-    def _pin_threads(self) -> None:
-        """Torch's intra-op thread count, set on the calling (worker) thread."""
-        if self.threads > 0 and torch.get_num_threads() != self.threads:
-            torch.set_num_threads(self.threads)
+    def _pin_threads(self, rows: int) -> None:
+        """Torch's intra-op thread count for a call of ``rows`` rows, set on the calling
+        (worker) thread: one for a small call, :attr:`threads` for a large one."""
+        want = 1 if rows < ONE_THREAD_ROWS else self.threads
+        if torch.get_num_threads() != want:
+            torch.set_num_threads(want)
 
     @property
     def tokenizer(self) -> Any:
@@ -182,7 +193,7 @@ class ServedModel:
         batch of the ctranslate2 engine); once it is true the call raises
         :class:`~transformer_mt.inference.search.DecodingCancelled`.
         """
-        self._pin_threads()
+        self._pin_threads(len(lines) * max(search.beam_size, search.nbest))
         with stop_when(should_stop):
             return self.translator_for(tgt_lang).translate_batch(
                 lines, search, prefixes=prefixes, constraints=constraints, alignments=alignments
@@ -211,7 +222,7 @@ class ServedModel:
         as for translation, the output to the model's positional limit.
         """
         tok = self.tokenizer
-        self._pin_threads()
+        self._pin_threads(1)
         (src_ids,) = self.translator_for(tgt_lang).encode([source], where="source")
         (out_ids,) = tok.encode_tgt_batch([translation.strip()])
         out_ids = out_ids[: self.loaded.config.max_len - 1]  # room for <bos> / <eos>
