@@ -10,11 +10,14 @@ from __future__ import annotations
 import functools
 import os
 
-# OpenMP reads its wait policy once, when torch loads it: set it before anything imports
-# torch. PASSIVE threads sleep between parallel regions instead of spinning; on a busy CPU a
-# spinning thread burns the core its descheduled sibling needs (docs/benchmarks.md, "loop
-# threads"). An OMP_WAIT_POLICY already in the environment wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP reads how its threads wait between parallel regions once, when torch loads it: set it
+# before anything imports torch. Threads that spin for long (the default) burn the core a
+# descheduled sibling needs on a busy CPU, and threads that sleep at once (PASSIVE) are woken for
+# every small region; a short spin (GNU OpenMP's, which the torch wheels use) trains fastest of
+# the three on a quiet machine and stays short on a busy one (docs/benchmarks.md, "loop
+# threads"). A wait policy or spin count already in the environment wins.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 from collections.abc import Callable, Mapping
 from pathlib import Path

@@ -6,9 +6,8 @@ steps of the *actual* model in fp32 and under bf16 autocast (forward, the label-
 backward, clipping and the fused AdamW step, on a batch of the run's token budget) and keeps
 bf16 only when it is clearly faster, because bf16 units alone do not make a small model
 faster: casts and the work outside the matrix products (the optimizer step, the loss over the
-vocabulary) can eat the gain (see ``scripts/benchmark.py loop``, one row per precision). A
-calibration of the forward and backward passes alone measured gains there that whole steps did
-not have. The choice and its reason are logged at start-up.
+vocabulary) can eat the gain (see ``scripts/benchmark.py loop``, one row per precision). The
+choice and its reason are logged at start-up.
 
 Rules:
 
