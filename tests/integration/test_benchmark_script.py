@@ -83,7 +83,9 @@ def test_all_subcommands_quick(benchmark, tmp_path: Path) -> None:
 
 
 def test_every_module_of_bench_is_a_subcommand(benchmark) -> None:
-    modules = {p.stem for p in (SCRIPTS / "bench").glob("*.py")} - {"__init__", "common"}
+    # Helpers: the shared code, and the serve benchmark's clients (a process of their own).
+    helpers = {"__init__", "common", "serve_clients"}
+    modules = {p.stem for p in (SCRIPTS / "bench").glob("*.py")} - helpers
     assert {m.__name__.removeprefix("bench.") for m in benchmark.BENCHMARKS.values()} == modules
     assert {"loop", "loop-threads", "engines", "data-memory"} <= set(benchmark.BENCHMARKS)
     assert benchmark.ALL == ["attention", "decode", "dropout", "train"]

@@ -237,11 +237,13 @@ class TranslationDataModule(pl.LightningDataModule):
         if split_name not in data.splits:
             raise ValueError(f"No split {split_name!r}; available: {sorted(data.splits)}.")
         src_len, tgt_len = data.lengths[split_name]
-        epoch = self._epoch() if epoch is None else epoch
         segmentation = self.segmentation() if split_name == "train" else None
+        per_epoch = segmentation is not None or self.config.resamples_directions
+        if per_epoch and epoch is None:
+            epoch = self._epoch()
         if segmentation is not None:
             src_len, tgt_len = segmentation.lengths(epoch)
-        examples = self.epoch_examples(epoch) if split_name == "train" else None
+        examples = self.epoch_examples(epoch) if split_name == "train" and per_epoch else None
         if examples is not None:
             src_len, tgt_len = np.asarray(src_len)[examples], np.asarray(tgt_len)[examples]
         rank, world = self._rank_and_world()
@@ -264,7 +266,8 @@ class TranslationDataModule(pl.LightningDataModule):
         tok = data.tokenizer
         trainer = self._trainer_or_none()
         segmentation = self.segmentation()
-        epoch = self._epoch()
+        per_epoch = segmentation is not None or self.config.resamples_directions
+        epoch = self._epoch() if per_epoch else 0
         examples = self.epoch_examples(epoch)
         dataset: Dataset
         if segmentation is None:
