@@ -242,14 +242,14 @@ class MultiHeadAttention(nn.Module):
         """
         if len(projections) == 1:  # no copy of a single weight
             return projections[0].weight, projections[0].bias
-        key = tuple(id(p) for p in projections)
-        if self._joined is not None and key in self._joined:
-            return self._joined[key]
+        key, kept = tuple(id(p) for p in projections), self._joined  # read once
+        if kept is not None and key in kept:
+            return kept[key]
         weight = torch.cat([p.weight for p in projections])  # (sum of outs, d_model)
         biases = [p.bias for p in projections if p.bias is not None]
         joined = weight, torch.cat(biases) if biases else None  # bias (sum of outs,)
-        if self._joined is not None:
-            self._joined[key] = joined
+        if kept is not None:
+            kept[key] = joined
         return joined
 
     def _project(self, x: Tensor, *projections: nn.Linear) -> tuple[Tensor, ...]:
