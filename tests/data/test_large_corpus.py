@@ -6,7 +6,6 @@ scripts run on a few thousand pairs.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,19 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 
-
-def _load_script(name: str):
-    """Import ``scripts/<name>.py`` as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_large_corpus = _load_script("make_large_corpus")
+make_large_corpus = load_script("make_large_corpus")
 
 
 def _lines(path: Path) -> list[str]:
