@@ -8,16 +8,12 @@ shipped inside the package (``transformer_mt/configs``), so they run from any di
 from __future__ import annotations
 
 import functools
-import os
 
-# OpenMP reads how its threads wait between parallel regions once, when torch loads it: set it
-# before anything imports torch. Threads that spin for long (the default) burn the core a
-# descheduled sibling needs on a busy CPU, and threads that sleep at once (PASSIVE) are woken for
-# every small region; a short spin (GNU OpenMP's, which the torch wheels use) trains fastest of
-# the three on a quiet machine and stays short on a busy one (docs/benchmarks.md, "loop
-# threads"). A wait policy or spin count already in the environment wins.
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+# isort: off
+# First, before anything imports torch: OpenMP reads how its threads wait only when torch loads.
+import transformer_mt.cli.openmp  # noqa: F401  (sets the short spin)
+
+# isort: on
 
 from collections.abc import Callable, Mapping
 from pathlib import Path

@@ -16,15 +16,11 @@ from __future__ import annotations
 
 import os
 
-# OpenMP reads how its threads wait between parallel regions when torch loads, so it is set
-# before anything imports torch. A decoding step runs dozens of small parallel regions: threads
-# that sleep at once (OMP_WAIT_POLICY=PASSIVE) are woken for every one of them, and threads that
-# spin for long (the default) burn the cores of a busy machine. A short spin (GNU OpenMP's, which
-# the torch wheels use) keeps the threads awake between the regions of one step, then lets them
-# sleep (docs/serve.md, "Where a lone request's time goes"). A wait policy or spin count already
-# in the environment wins.
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+# isort: off
+# First, before anything imports torch: OpenMP reads how its threads wait only when torch loads.
+import transformer_mt.cli.openmp  # noqa: F401  (sets the short spin)
+
+# isort: on
 
 import argparse
 import ipaddress
