@@ -117,7 +117,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self.model_max_len = model_max_len
         self.data: PreparedData | None = None
         self._segmentation: EpochSegmentation | None = None
-        self._groups: np.ndarray | None = None  # each training pair's direction number
+        self._drawn: tuple[int, np.ndarray | None] | None = None  # (epoch, its examples)
 
     # -------------------------------------------------------------- properties
 
@@ -212,12 +212,17 @@ class TranslationDataModule(pl.LightningDataModule):
         every training pair once."""
         if not self.config.resamples_directions:
             return None
-        if self._groups is None:
+        if self._drawn is None or self._drawn[0] != epoch:  # the loader and its sampler ask
             directions = self._require_setup().splits["train"]["direction"]
-            self._groups = np.unique(np.asarray(directions), return_inverse=True)[1]
-        return sample_epoch(
-            self._groups, self.config.direction_temperature, self.config.seed + epoch
-        )
+            groups = np.unique(np.asarray(directions), return_inverse=True)[1]
+            temperature, seed = self.config.direction_temperature, self.config.seed + epoch
+            self._drawn = epoch, sample_epoch(groups, temperature, seed)
+        return self._drawn[1]
+
+    def _per_epoch(self) -> bool:
+        """Whether the training data changes with the epoch (BPE-dropout, or a draw of the
+        directions): only then is the trainer asked for its epoch."""
+        return self.config.bpe_dropout > 0 or self.config.resamples_directions
 
     def _epoch(self) -> int:
         trainer = self._trainer_or_none()
@@ -237,13 +242,13 @@ class TranslationDataModule(pl.LightningDataModule):
         if split_name not in data.splits:
             raise ValueError(f"No split {split_name!r}; available: {sorted(data.splits)}.")
         src_len, tgt_len = data.lengths[split_name]
-        segmentation = self.segmentation() if split_name == "train" else None
-        per_epoch = segmentation is not None or self.config.resamples_directions
+        per_epoch = split_name == "train" and self._per_epoch()
         if per_epoch and epoch is None:
             epoch = self._epoch()
+        segmentation = self.segmentation() if split_name == "train" else None
         if segmentation is not None:
             src_len, tgt_len = segmentation.lengths(epoch)
-        examples = self.epoch_examples(epoch) if split_name == "train" and per_epoch else None
+        examples = self.epoch_examples(epoch) if per_epoch else None
         if examples is not None:
             src_len, tgt_len = np.asarray(src_len)[examples], np.asarray(tgt_len)[examples]
         rank, world = self._rank_and_world()
@@ -266,7 +271,7 @@ class TranslationDataModule(pl.LightningDataModule):
         tok = data.tokenizer
         trainer = self._trainer_or_none()
         segmentation = self.segmentation()
-        per_epoch = segmentation is not None or self.config.resamples_directions
+        per_epoch = self._per_epoch()
         epoch = self._epoch() if per_epoch else 0
         examples = self.epoch_examples(epoch)
         dataset: Dataset
@@ -281,8 +286,8 @@ class TranslationDataModule(pl.LightningDataModule):
                 index = [index[i] for i in picked]
                 src_ids, tgt_ids = [src_ids[i] for i in picked], [tgt_ids[i] for i in picked]
             dataset = SegmentedSplit(index, src_ids, tgt_ids)
-        sampler = self.batch_sampler("train")
-        if segmentation is not None or examples is not None:
+        sampler = self.batch_sampler("train", epoch if per_epoch else None)
+        if per_epoch:
             sampler.set_epoch(epoch)
         return ResumableDataLoader(
             dataset,

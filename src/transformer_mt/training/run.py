@@ -186,7 +186,8 @@ def build_trainer(cfg: TrainSchema, module: TranslationModule) -> pl.Trainer:
     # A sweep trial under DDP: Lightning starts the other ranks as this job, not as the sweep.
     rerun_as_one_job()
     extra: dict[str, Any] = {}
-    if cfg.data.bpe_dropout > 0 or (cfg.data.directions and cfg.data.direction_temperature != 1):
+    data = cfg.data.config()
+    if data.bpe_dropout > 0 or data.resamples_directions:
         # Each epoch's BPE-dropout segmentation, or its draw of the directions, comes with a
         # new training loader.
         extra["reload_dataloaders_every_n_epochs"] = 1
