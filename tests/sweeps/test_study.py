@@ -116,6 +116,40 @@ def test_workers_and_resumes_never_draw_the_same_parameters(tmp_path: Path) -> N
     assert _ask(again, space).params == drawn[0]
 
 
+def test_given_points_run_first_once_and_bad_ones_are_refused(tmp_path: Path) -> None:
+    """``hydra.sweeper.enqueue``: the given points are the first trials, in order, partial
+    points are completed by the sampler, and neither a resumed worker nor a second one started
+    beside it queues them again."""
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    space, _ = st.search_space(SPACE, [])
+    points = [{"model.dropout": 0.1, "optimizer.lr": 2.1e-3}, {"model": {"dropout": 0.2}}]
+
+    def worker() -> optuna.Study:
+        sampler = st.make_sampler({"name": "tpe", "seed": 3})
+        return st.open_study(tp.open_storage(url), "s", "maximize", sampler=sampler)
+
+    first, second = worker(), worker()
+    assert st.enqueue_points(first, space, points) == 2
+    assert st.enqueue_points(second, space, points) == 0  # the list is claimed once
+    asked = []
+    for study in (second, first, first):
+        trial = study.ask(space)
+        study.tell(trial, 1.0)
+        asked.append(trial.params)
+    assert (asked[0]["model.dropout"], asked[0]["optimizer.lr"]) == (0.1, 2.1e-3)
+    assert asked[1]["model.dropout"] == 0.2 and set(asked[1]) == set(space)
+    # A resumed sweep with one more point queues only the new one.
+    assert st.enqueue_points(worker(), space, [*points, {"model.dropout": 0.0}]) == 1
+    with pytest.raises(UserError, match=r"point 1: model\.dropou is not searched.*has: "):
+        st.enqueue_points(worker(), space, [{"model.dropou": 0.1}])
+    with pytest.raises(UserError, match=r"point 2: model\.dropout=0\.3 is outside choice"):
+        st.enqueue_points(worker(), space, [{}, {"model.dropout": 0.3}])
+    with pytest.raises(UserError, match=r"optimizer\.lr=0\.5 is outside \[0\.0001, 0\.01\]"):
+        st.enqueue_points(worker(), space, [{"optimizer.lr": 0.5}])
+    with pytest.raises(UserError, match=r"model\.n_encoder_layers=2\.5 is outside"):
+        st.enqueue_points(worker(), space, [{"model.n_encoder_layers": 2.5}])
+
+
 def test_a_trial_below_the_median_is_pruned_at_the_same_budget(tmp_path: Path) -> None:
     """Reports fill a 5% grid since the last validation, so trials compare step by step."""
     url = f"sqlite:///{tmp_path}/optuna.db"
@@ -243,6 +277,7 @@ def test_workers_share_a_study_on_a_real_postgresql_server(postgres_url: str) ->
     [
         ("numbers_optuna", []),
         ("multi30k_optuna", ["experiment=multi30k_de_en", "data.source=files"]),
+        ("multi30k_long_optuna", ["experiment=multi30k_de_en", "data.source=files"]),
     ],
 )
 def test_every_shipped_search_space_parses_and_names_real_keys(
@@ -263,6 +298,19 @@ def test_every_shipped_search_space_parses_and_names_real_keys(
     assert len(space) >= 2
     st.check_keys(space, cfg)
     assert cfg.hydra.sweeper.direction == "maximize" and cfg.optimized_metric == "val/bleu"
+    # Its given points lie in its space, and the first of them is the preset as composed.
+    points = OmegaConf.to_container(cfg.hydra.sweeper.enqueue)
+    study = optuna.create_study(direction="maximize")
+    assert st.enqueue_points(study, space, points) == len(points)
+    if points:
+        # What the preset means: activation dropout null is the dropout, and average_last 0
+        # (none) scores the last validation, as the average of the last one does.
+        shipped = {k: OmegaConf.select(cfg, k) for k in points[0]}
+        if shipped.get("model.activation_dropout", 0) is None:
+            shipped["model.activation_dropout"] = shipped["model.dropout"]
+        if shipped.get("average_last") == 0:
+            shipped["average_last"] = 1
+        assert shipped == points[0]
 
 
 def test_a_worker_that_loses_the_race_to_create_the_tables_opens_the_storage(

@@ -217,6 +217,7 @@ def test_optuna_sweep_prunes_a_trial_below_the_median_and_records_it(tmp_path: P
         (["optimizer.lrr=choice(1e-3,2e-3)"], r"search space: unknown parameter 'optimizer\.lrr'"),
         (["optimizer.lr=interval(1e-2,1e-4)"], r"need low < high"),
         (["hydra.sweeper.storage=postgresql+psycopg://nobody@127.0.0.1:9/none"], "cannot open"),
+        (["hydra.sweeper.enqueue=[{model.dropout:0.5}]"], r"model\.dropout=0\.5 is outside"),
     ],
 )
 def test_bad_sweep_input_is_one_error_line_before_any_trial(
@@ -328,13 +329,16 @@ def test_optuna_sweep_records_a_failed_trial_and_goes_on(tmp_path: Path) -> None
 
 @pytest.mark.slow
 def test_a_resumed_study_continues_without_repeating_a_trial(tmp_path: Path) -> None:
-    """The same command twice on one sweep dir: 2 trials, then 2 more, all parameters new."""
-    first = run_sweep(tmp_path, *OPTUNA, "hydra.sweeper.n_trials=2")
+    """The same command twice on one sweep dir: 2 trials, then 2 more, all parameters new;
+    the given point (``enqueue``) is the first trial and is not run again on resuming."""
+    given = "hydra.sweeper.enqueue=[{optimizer.lr:0.002,model.dropout:0.2}]"
+    first = run_sweep(tmp_path, *OPTUNA, "hydra.sweeper.n_trials=2", given)
     assert first.returncode == 0, _explain(first)
-    second = run_sweep(tmp_path, *OPTUNA, "hydra.sweeper.n_trials=4")
+    second = run_sweep(tmp_path, *OPTUNA, "hydra.sweeper.n_trials=4", given)
     assert second.returncode == 0, _explain(second)
     trials = _study(tmp_path).trials
     assert [t.number for t in trials] == [0, 1, 2, 3]
+    assert trials[0].params == {"optimizer.lr": 0.002, "model.dropout": 0.2}
     assert all(t.state.name in ("COMPLETE", "PRUNED") for t in trials)
     assert len({tuple(sorted(t.params.items())) for t in trials}) == 4
     with open(tmp_path / "optuna_trials.csv", encoding="utf-8") as handle:

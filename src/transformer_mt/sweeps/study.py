@@ -218,6 +218,72 @@ def check_same_space(study: Any, space: dict[str, dist.BaseDistribution]) -> Non
                 ) from None
 
 
+def enqueue_points(
+    study: Any, space: Mapping[str, dist.BaseDistribution], points: list[Mapping[str, Any]]
+) -> int:
+    """Queue ``points`` (``hydra.sweeper.enqueue``) as the study's next trials; their count.
+
+    A point fixes some or all of the searched keys (the sampler draws the rest): the recipe
+    as shipped, or one from the literature, is measured under the study's own protocol
+    instead of waiting for the sampler to come near it. A point the study already holds, in
+    any state, is not queued again, so a resumed sweep does not repeat it; workers that start
+    together queue the list once (an empty marker study, whose creation is atomic, claims it).
+
+    Raises:
+        UserError: a point naming a key outside the search space, or a value outside its
+            distribution.
+    """
+    checked: list[dict[str, Any]] = []
+    for number, point in enumerate(points, 1):
+        params = _flatten(point)
+        for key, value in params.items():
+            distribution = space.get(key)
+            if distribution is None:
+                raise UserError(
+                    f"hydra.sweeper.enqueue point {number}: {key} is not searched (the space "
+                    f"has: {', '.join(sorted(space))}); fix the name or drop it from the point"
+                )
+            if not _within(distribution, value):
+                raise UserError(
+                    f"hydra.sweeper.enqueue point {number}: {key}={value} is outside "
+                    f"{_describe(distribution)}; use a value the search space holds"
+                )
+        checked.append(params)
+    if not checked:
+        return 0
+    digest = hashlib.sha256(repr(checked).encode()).hexdigest()[:12]
+    try:
+        study._storage.create_new_study(
+            study.directions, study_name=f"{study.study_name}.enqueue_{digest}"
+        )
+    except optuna.exceptions.DuplicatedStudyError:
+        return 0  # another worker, or an earlier invocation, queued this list
+    queued = 0
+    for params in checked:
+        before = len(study.get_trials(deepcopy=False))
+        study.enqueue_trial(params, skip_if_exists=True)
+        queued += len(study.get_trials(deepcopy=False)) - before
+    return queued
+
+
+def _within(distribution: dist.BaseDistribution, value: Any) -> bool:
+    if isinstance(distribution, dist.CategoricalDistribution):
+        return _plain(value) in distribution.choices
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return False
+    if isinstance(distribution, dist.IntDistribution) and number != int(number):
+        return False
+    return distribution.low <= number <= distribution.high  # type: ignore[attr-defined]
+
+
+def _describe(distribution: dist.BaseDistribution) -> str:
+    if isinstance(distribution, dist.CategoricalDistribution):
+        return f"choice({', '.join(map(str, distribution.choices))})"
+    return f"[{distribution.low}, {distribution.high}]"  # type: ignore[attr-defined]
+
+
 # ---------------------------------------------------------------------- sampler and pruner
 
 

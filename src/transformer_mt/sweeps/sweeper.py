@@ -11,7 +11,8 @@ invocation is one *worker*:
    ``error:`` line before any trial starts;
 2. it asks the study for a trial, runs it as one Hydra job (directory ``<sweep dir>/<trial
    number>``) with a heartbeat, tells the study how it ended (COMPLETE, PRUNED, FAIL), and
-   repeats until the study holds ``n_trials`` trials, counting those of every worker;
+   repeats until the study holds ``n_trials`` trials, counting those of every worker; the
+   points of ``enqueue`` come first;
 3. optionally it re-runs the best ``confirm.top_k`` trials with ``confirm.overrides`` (the
    second stage of a two-stage search), then writes plots of the study.
 
@@ -79,6 +80,9 @@ class OptunaStudySweeperConf:
     sampler: SamplerConf = field(default_factory=SamplerConf)
     pruner: PrunerConf = field(default_factory=PrunerConf)
     params: dict[str, Any] | None = None
+    # Points to run first, each a mapping of searched keys to values (the rest are drawn):
+    # the shipped recipe, or one from the literature, measured under the study's protocol.
+    enqueue: list[Any] = field(default_factory=list)
     # Seconds between a running trial's heartbeats (0: none); a trial silent for twice this
     # long is failed by the next worker that asks, and run again up to max_retry times.
     heartbeat_interval: int = 30

@@ -108,6 +108,14 @@ class StudyWorker:
             pruner=tp.make_pruner(settings.pruner),
         )
         st.check_same_space(self.study, self.space)
+        points = settings.get("enqueue") or []
+        points = [OmegaConf.to_container(p) if OmegaConf.is_config(p) else p for p in points]
+        if any(not isinstance(p, dict) for p in points):
+            raise UserError(
+                "hydra.sweeper.enqueue must be a list of mappings, e.g. "
+                "[{model.dropout: 0.1, optimizer.lr: 2.1e-3}]"
+            )
+        self.queued = st.enqueue_points(self.study, self.space, points)  # type: ignore[arg-type]
         # Trials read the storage from the environment (a URL may carry a password).
         os.environ[tp.STORAGE_ENV] = self.url
 
@@ -124,6 +132,8 @@ class StudyWorker:
             len(self.study.trials),
             self.sweep_dir,
         )
+        if self.queued:
+            log.info("queued %d given point(s) (hydra.sweeper.enqueue) to run first", self.queued)
         returns: list[JobReturn] = []
         limit, failures = int(self.settings.get("max_failures_in_a_row") or 0), 0
         while (trial := self._next_trial()) is not None:
