@@ -115,7 +115,7 @@ class StudyWorker:
                 "hydra.sweeper.enqueue must be a list of mappings, e.g. "
                 "[{model.dropout: 0.1, optimizer.lr: 2.1e-3}]"
             )
-        self.queued = st.enqueue_points(self.study, self.space, points)  # type: ignore[arg-type]
+        st.enqueue_points(self.study, self.space, points)  # type: ignore[arg-type]
         # Trials read the storage from the environment (a URL may carry a password).
         os.environ[tp.STORAGE_ENV] = self.url
 
@@ -124,16 +124,18 @@ class StudyWorker:
     def run(self) -> list[JobReturn]:
         # Atomic: the workers of one sweep directory all write it (with the same content).
         write_text_atomic(self.sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))
+        trials = self.study.get_trials(deepcopy=False)
+        waiting = sum(t.state == TrialState.WAITING for t in trials)
         log.info(
-            "study %r in %s: %d trials wanted, %d there; sweep directory %s",
+            "study %r in %s: %d trials wanted, %d there (%d of them given points still to "
+            "run); sweep directory %s",
             self.study.study_name,
             tp.redact(self.url),
             self.n_trials,
-            len(self.study.trials),
+            len(trials),
+            waiting,
             self.sweep_dir,
         )
-        if self.queued:
-            log.info("queued %d given point(s) (hydra.sweeper.enqueue) to run first", self.queued)
         returns: list[JobReturn] = []
         limit, failures = int(self.settings.get("max_failures_in_a_row") or 0), 0
         while (trial := self._next_trial()) is not None:
