@@ -67,6 +67,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--server-threads", type=int, default=0,
         help="the server's --threads (0: the service's default; --threads is the offline side's)",
     )  # fmt: skip
+    p.add_argument(
+        "--server-lanes", type=int, default=0,
+        help="the server's --lanes (0: the service's default, one per engine thread)",
+    )  # fmt: skip
 
 
 def read_sentences(path: Path, limit: int) -> list[str]:
@@ -93,7 +97,7 @@ def offline_engine(args: argparse.Namespace) -> tuple[Any, Any]:
 
     model = ServedModel.open(
         args.ckpt, engine=args.engine, ct2_model=args.ct2_model,
-        compute_type=args.compute_type, threads=args.threads,
+        compute_type=args.compute_type, threads=args.threads, lanes=1,
         convert=converter(args.engine, args.ct2_model),
     )  # fmt: skip
     search = model.search(beam_size=args.beam_size)
@@ -112,6 +116,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
         [str(script)] if script.exists() else [sys.executable, "-m", "transformer_mt.cli.serve"]
     )
     command += ["--ckpt", str(args.ckpt), "--port", "0", "--threads", str(args.server_threads)]
+    command += ["--lanes", str(args.server_lanes)]
     command += ["--window-ms", str(args.window_ms), *engine_flags(args)]
     command = _without_beam(command)
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)

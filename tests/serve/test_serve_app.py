@@ -496,3 +496,39 @@ def test_small_engine_calls_run_on_one_thread_and_large_ones_on_all(
     for threads in (0, 2):
         ServedModel.open(tiny_ckpt, engine="ctranslate2", threads=threads)
     assert opened == [1, 2]
+
+
+@pytest.mark.parametrize("engine", ["torch", "ctranslate2"])
+def test_lanes_translating_at_once_give_the_serial_outputs(
+    tiny_ckpt: Path, tmp_path: Path, engine: str
+) -> None:
+    """Two lanes decode on two threads at the same time (a barrier starts them together, many
+    rounds): every call gets what the same call alone gets, so no state is shared between
+    concurrent searches."""
+    kw: dict[str, Any] = {}
+    if engine == "ctranslate2":
+        pytest.importorskip("ctranslate2", reason="needs the export extra")
+        from transformer_mt.export.convert import export_ctranslate2, export_huggingface
+
+        kw["ct2_model"] = export_ctranslate2(
+            export_huggingface(tiny_ckpt, tmp_path / "hf"), tmp_path / "ct2"
+        )
+    model = ServedModel.open(tiny_ckpt, engine=engine, threads=2, lanes=2, **kw)
+    assert model.info()["lanes"] == 2
+    inputs = [LINES[i:] + LINES[:i] for i in range(2)]
+    search = model.search(beam_size=2)
+    alone = [[t.text for t in model.translate(lines, search)] for lines in inputs]
+    barrier = threading.Barrier(2)
+    got: list[list[list[str]]] = [[], []]
+
+    def lane(i: int) -> None:
+        for _ in range(10):
+            barrier.wait(30)
+            got[i].append([t.text for t in model.translate(inputs[i], search)])
+
+    threads = [threading.Thread(target=lane, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == [[alone[0]] * 10, [alone[1]] * 10]

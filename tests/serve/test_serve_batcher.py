@@ -4,6 +4,7 @@ by what is queued and by controlled events, never by the machine's speed."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from typing import Any
 
@@ -339,3 +340,87 @@ def test_a_job_with_its_own_call_runs_alone_and_counts_as_pending() -> None:
 
     run(scenario)
     assert passes == [["p"], ["q"]] and [lines for lines, _ in engine.calls] == [["hold"]]
+
+
+def test_with_two_lanes_a_second_call_runs_while_the_first_is_busy() -> None:
+    """One lane busy with a held call: the next job runs on the other lane and is answered
+    before the first call ends; with one lane it would wait for it."""
+    engine = Engine()
+
+    async def scenario() -> None:
+        batcher = Batcher(engine, max_tokens=100, window_s=0, lanes=2)
+        running = await held(batcher, engine)
+        assert await asyncio.wait_for(batcher.submit(["x"], "a", 1), 30) == ["x:a"]
+        assert not running.done() and batcher.running == 1
+        engine.release.set()
+        assert await running == ["hold:a"]
+        await batcher.stop()
+
+    run(scenario)
+    assert [lines for lines, _ in engine.calls] == [["hold"], ["x"]]
+
+
+def test_with_every_lane_busy_jobs_gather_for_the_next_free_one() -> None:
+    """Two lanes, both held: the jobs that arrive meanwhile stay queued, and share one call once
+    a lane is free."""
+    engine = Engine()
+    started, release = threading.Semaphore(0), threading.Event()
+
+    def hold_both(lines: list[str], options: Any, *, stop: threading.Event) -> list[str]:
+        started.release()
+        assert release.wait(30), "the test never released the engine"
+        return engine(lines, options, stop=stop)
+
+    async def scenario() -> None:
+        batcher = Batcher(hold_both, max_tokens=100, window_s=0, lanes=2)
+        wait_started = functools.partial(started.acquire, timeout=30)
+        loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(batcher.submit(["1"], "a", 1))
+        assert await loop.run_in_executor(None, wait_started)
+        second = asyncio.ensure_future(batcher.submit(["2"], "a", 1))
+        assert await loop.run_in_executor(None, wait_started)
+        assert batcher.running == 2
+        later = [asyncio.ensure_future(batcher.submit([t], "a", 1)) for t in "xyz"]
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert batcher.pending == 3  # no lane free: nothing was taken
+        release.set()
+        assert await first == ["1:a"] and await second == ["2:a"]
+        assert [await job for job in later] == [["x:a"], ["y:a"], ["z:a"]]
+        await batcher.stop()
+
+    run(scenario)
+    assert sorted(lines for lines, _ in engine.calls) == [["1"], ["2"], ["x", "y", "z"]]
+
+
+def test_a_job_with_its_own_call_waits_for_every_lane_and_runs_with_nothing_beside() -> None:
+    """An attention pass hooks the model: it starts only once the running call has ended, and
+    a job queued behind it waits until it is done, although a lane was free all along."""
+    engine = Engine()
+    order: list[str] = []
+
+    def translate(lines: list[str], options: Any, *, stop: threading.Event) -> list[str]:
+        order.append(f"call {lines}")
+        return engine(lines, options, stop=stop)
+
+    def attend(lines: list[str], options: Any, *, stop: threading.Event) -> list[str]:
+        order.append(f"attend {lines}, {batcher.running} running")
+        return [f"maps of {line}" for line in lines]
+
+    async def scenario() -> None:
+        nonlocal batcher
+        batcher = Batcher(translate, max_tokens=100, window_s=0, lanes=2)
+        running = await held(batcher, engine)
+        own = asyncio.ensure_future(batcher.submit(["p"], "a", 1, run=attend))
+        behind = asyncio.ensure_future(batcher.submit(["x"], "b", 1))
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert not own.done() and not behind.done() and len(order) == 1
+        engine.release.set()
+        assert await running == ["hold:a"]
+        assert await own == ["maps of p"] and await behind == ["x:b"]
+        await batcher.stop()
+
+    batcher: Batcher
+    run(scenario)
+    assert order == ["call ['hold']", "attend ['p'], 1 running", "call ['x']"]

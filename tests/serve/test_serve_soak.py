@@ -61,7 +61,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, subp
     ckpt = write_tiny_checkpoint(tmp_path_factory.mktemp("soak") / "tiny.ckpt")
     env = {**os.environ, "OMP_NUM_THREADS": "1", KEY_VARIABLE: KEY}
     proc = subprocess.Popen(
-        [*serve_command(), "--ckpt", str(ckpt), "--port", "0", "--threads", "1"],
+        [*serve_command(), "--ckpt", str(ckpt), "--port", "0", "--threads", "1", "--lanes", "2"],
         stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:

@@ -112,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine threads of large batches (0 = the cores; small batches, and CTranslate2 "
         "unless set, run on one)",
     )
+    parser.add_argument(
+        "--lanes",
+        type=int_range(0, 1024),
+        default=0,
+        help="engine calls that may run at once, each on its own thread (0 = one per engine "
+        "thread; 1: one call at a time, a large one on every thread)",
+    )
     _add_access_arguments(parser)
     defaults = Limits()
     for name, text in (
@@ -254,7 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             model = ServedModel.open(
                 args.ckpt, engine=args.engine, ct2_model=args.ct2_model,
-                compute_type=args.compute_type, threads=args.threads, tgt_lang=args.tgt_lang,
+                compute_type=args.compute_type, threads=args.threads, lanes=args.lanes,
+                tgt_lang=args.tgt_lang,
                 convert=converter(args.engine, args.ct2_model),
             )  # fmt: skip
         except (ValueError, OSError) as err:

@@ -217,12 +217,14 @@ def open_engine(
     compute_type: str | None = None,
     threads: int | None = None,
     convert: Converter | None = None,
+    lanes: int | None = None,
 ) -> Engine:
     """The engine ``kind`` (``"torch"``, default, or ``"ctranslate2"``) for ``loaded``.
 
     ``ct2_model``: a directory written by ``transformer-mt-export --format ctranslate2``; else
     ``convert`` writes one from the loaded checkpoint into a temporary directory that lives as
-    long as the engine.
+    long as the engine. ``lanes``: CTranslate2 calls that may run at once (its
+    ``inter_threads``; the torch engine takes any number of callers).
 
     Raises:
         ValueError: an unknown engine, CTranslate2 asked for an ensemble, or neither a model
@@ -238,7 +240,7 @@ def open_engine(
             [("engine", "torch")],
             lead="decode an ensemble with",
         )
-    options: dict[str, Any] = {"compute_type": compute_type, "threads": threads}
+    options: dict[str, Any] = {"compute_type": compute_type, "threads": threads, "lanes": lanes}
     options = {k: v for k, v in options.items() if v is not None}
     options["tokenizer"] = loaded[0].tokenizer  # the model directory's must be the checkpoint's
     if ct2_model:

@@ -303,6 +303,7 @@ class Service:
             max_tokens=limits.batch_tokens,
             window_s=limits.window_ms / 1000,
             max_pending=limits.max_pending,
+            lanes=model.lanes,
         )
 
     def _run(

@@ -4,9 +4,15 @@ A request is a :class:`Job` (its lines, its decoding options, its per-line colum
 target prefixes, its source-token count and a future). One asyncio task takes the oldest job
 and every job queued behind it, within the token budget (``max_tokens``); jobs with equal
 options and the same column names go into one engine call, in arrival order, their lines and
-columns joined in that order, and the outputs are cut back into one list per job. The engine
-runs in one worker thread, so the event loop keeps accepting requests (and filling the next
-batch) while a batch decodes: requests gather while the engine is busy.
+columns joined in that order, and the outputs are cut back into one list per job. Engine calls
+run on worker threads, so the event loop keeps accepting requests (and filling the next batch)
+while a batch decodes: requests gather while the engine is busy.
+
+``lanes`` engine calls may run at once, each on a worker thread of its own: the batching task
+takes the next batch as soon as a lane is free. A small call cannot use more than one core
+(its operations are too small to share), so on a machine of N cores N lanes turn N cores into
+translations where one call at a time left all but one idle. With one lane the batcher takes a
+batch only when the engine is idle.
 
 The window is adaptive. A batch waits for company only when company is coming: the clients
 the last engine call answered send their next requests a moment later, so a batch waits (at
@@ -21,7 +27,8 @@ been given up, the call's ``stop`` event is set, and an engine that checks it be
 steps (the torch search, :func:`~transformer_mt.inference.search.stop_when`) returns the worker
 within one step. Either way the queue moves on. An engine error fails the jobs of that call only.
 
-A job may bring its own engine call (``run``, e.g. an attention pass): it then runs alone, but
+A job may bring its own engine call (``run``, e.g. an attention pass): it then runs alone, on
+every lane at once (nothing else runs beside it: such a call may hook into the model), but
 waits in the same queue and counts towards ``max_pending`` like any other.
 """
 
@@ -84,7 +91,7 @@ class Job:
 
 
 class Batcher:
-    """Collects jobs into batches and runs them on one worker thread.
+    """Collects jobs into batches and runs them on ``lanes`` worker threads.
 
     Args:
         run: the engine call, ``run(lines, options) -> outputs``.
@@ -93,6 +100,8 @@ class Batcher:
             coming (0: only the jobs already queued join).
         max_pending: sentences waiting at most; :meth:`submit` raises :class:`QueueFull` past it
             (a job given up while queued leaves the count at once).
+        lanes: engine calls that may run at once (``run`` must then be safe to call from that
+            many threads together).
     """
 
     def __init__(
@@ -102,24 +111,28 @@ class Batcher:
         max_tokens: int = 4096,
         window_s: float = 0.005,
         max_pending: int = 4096,
+        lanes: int = 1,
     ) -> None:
-        if max_tokens < 1 or window_s < 0 or max_pending < 1:
+        if max_tokens < 1 or window_s < 0 or max_pending < 1 or lanes < 1:
             raise ValueError(
-                f"max_tokens={max_tokens}, window_s={window_s}, max_pending={max_pending}: "
-                "use max_tokens >= 1, window_s >= 0, max_pending >= 1"
+                f"max_tokens={max_tokens}, window_s={window_s}, max_pending={max_pending}, "
+                f"lanes={lanes}: use max_tokens >= 1, window_s >= 0, max_pending >= 1, lanes >= 1"
             )
         self.run, self.max_tokens, self.window_s = run, max_tokens, window_s
-        self.max_pending = max_pending
+        self.max_pending, self.lanes = max_pending, lanes
         self.pending = 0  # sentences queued, not yet taken into a batch
         self.batches = 0  # engine calls so far
         self.stopped = 0  # engine calls told to stop because every caller had gone
         self.expected = 1  # jobs the last batch held: the company the next one waits for
-        self._stop: threading.Event | None = None  # the running call's
+        self.running = 0  # engine calls running now
+        self._stops: set[threading.Event] = set()  # the running calls'
+        self._free = asyncio.Semaphore(lanes)  # lanes not running a call
+        self._calls: set[asyncio.Task[None]] = set()
         self._queue: collections.deque[Job] = collections.deque()
         self._arrived = asyncio.Event()  # set when a job is queued
         self._held: Job | None = None  # the job that did not fit the last batch
         self._task: asyncio.Task[None] | None = None
-        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine")
+        self._worker = concurrent.futures.ThreadPoolExecutor(lanes, thread_name_prefix="engine")
 
     def start(self) -> None:
         """Start the batching task on the running loop (:meth:`submit` starts it too)."""
@@ -129,12 +142,13 @@ class Batcher:
     async def stop(self) -> None:
         """Stop taking batches; jobs still queued are cancelled, the running call is told to
         stop."""
-        if self._stop is not None:
-            self._stop.set()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        for event in self._stops:
+            event.set()
+        tasks = [t for t in (self._task, *self._calls) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = None
         while self._queue:
             self._take().future.cancel()
         self._worker.shutdown(wait=False)
@@ -181,19 +195,34 @@ class Batcher:
                 self.pending -= len(lines)
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` on the worker thread, between batches, outside the queue (not
-        counted in ``max_pending``, never cancelled: :meth:`submit` a job with its own ``run``
-        for work a client asks for)."""
+        """Run ``fn(*args)`` on a worker thread, outside the queue (not counted in
+        ``max_pending``, never cancelled: :meth:`submit` a job with its own ``run`` for work a
+        client asks for)."""
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     async def _loop(self) -> None:
         while True:
-            jobs = await self._collect()
+            # A batch is taken only when a lane is free to run it: while every lane is busy,
+            # requests gather for the next one.
+            await self._free.acquire()
+            try:
+                jobs = await self._collect()
+            except BaseException:
+                self._free.release()
+                raise
             groups: dict[Hashable, list[Job]] = {}
             for job in jobs:
                 groups.setdefault(job.key, []).append(job)
+            held = 1  # the lane acquired for this batch goes to its first group
             for group in groups.values():
-                await self._run_group(group)
+                # A job with its own call runs with nothing beside it: it takes every lane.
+                want = self.lanes if group[0].run is not None else 1
+                for _ in range(want - held):
+                    await self._free.acquire()
+                task = asyncio.get_running_loop().create_task(self._run_group(group, want))
+                self._calls.add(task)
+                task.add_done_callback(self._calls.discard)
+                held = 0
 
     async def _next(self, timeout: float | None) -> Job | None:
         """The held-over job, else a queued one, waiting at most ``timeout`` (None: forever)."""
@@ -249,15 +278,25 @@ class Batcher:
         self.expected = len(jobs)
         return jobs
 
-    async def _run_group(self, jobs: list[Job]) -> None:
-        """One engine call over ``jobs`` (equal keys): their lines and columns joined in order."""
+    async def _run_group(self, jobs: list[Job], lanes: int) -> None:
+        """One engine call over ``jobs`` (equal keys): their lines and columns joined in order;
+        then the ``lanes`` it held are free."""
+        try:
+            await self._call_group(jobs)
+        finally:
+            for _ in range(lanes):
+                self._free.release()
+
+    async def _call_group(self, jobs: list[Job]) -> None:
         jobs = [job for job in jobs if not job.future.done()]
         if not jobs:
             return
         lines = [line for job in jobs for line in job.lines]
         columns = {name: [v for job in jobs for v in job.columns[name]] for name in jobs[0].columns}
         self.batches += 1
-        self._stop = stop = self._stop_when_gone(jobs)
+        self.running += 1
+        stop = self._stop_when_gone(jobs)
+        self._stops.add(stop)
         try:
             run = functools.partial(jobs[0].run or self.run, stop=stop, **columns)
             outputs = await self.call(_timed, run, jobs, lines, jobs[0].options)
@@ -273,7 +312,8 @@ class Batcher:
                     job.future.set_exception(err)
             return
         finally:
-            self._stop = None
+            self._stops.discard(stop)
+            self.running -= 1
         start = 0
         for job in jobs:
             part = outputs[start : start + len(job.lines)]

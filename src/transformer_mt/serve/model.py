@@ -1,9 +1,11 @@
 """The model behind the service: one checkpoint, one decoding engine, a search per request.
 
-:class:`ServedModel` is built once at start-up and then called from the batcher's one worker
-thread only, so the model, its KV caches and the attention recorder's hooks are never used by
-two calls at once. A translation takes the path ``transformer-mt-translate`` takes with the
-same options: :meth:`SearchConfig.from_stored` over the checkpoint's stored decoding, the
+:class:`ServedModel` is built once at start-up and then called from the batcher's worker
+threads: :attr:`ServedModel.lanes` translations may run at once (the model's forward keeps no
+state between calls, and each search has its own KV caches), while an attention pass, whose
+hooks record every call through the model, runs with nothing beside it. A translation takes
+the path ``transformer-mt-translate`` takes with the same options:
+:meth:`SearchConfig.from_stored` over the checkpoint's stored decoding, the
 :class:`~transformer_mt.inference.translator.Translator` over the engine (torch or
 CTranslate2), the same source cut and the same tokenizer.
 """
@@ -40,8 +42,11 @@ class ServedModel:
         engine: the engine that translates (default: torch over ``ensemble``).
         engine_kind: its name for ``GET /model`` (``"torch"``, ``"ctranslate2"``).
         compute_type: the engine's weights (``default``, ``int8``, ...), for ``GET /model``.
-        threads: intra-op threads of the engine's large calls (0 = the library's default);
-            calls of fewer than :data:`ONE_THREAD_ROWS` rows run on one thread.
+        threads: intra-op threads of the engine's large calls (0 = the library's default),
+            shared by the lanes; calls of fewer than :data:`ONE_THREAD_ROWS` rows run on one
+            thread.
+        lanes: translations that may run at once (0 = one per engine thread); a CTranslate2
+            engine must have been loaded with as many ``inter_threads``.
         max_tokens: padded source tokens per engine batch (default: the checkpoint's
             ``data.eval_max_tokens``, as for ``transformer-mt-translate``).
         val_bleu: the validation BLEU the checkpoint stores, for ``GET /model``.
@@ -55,6 +60,7 @@ class ServedModel:
         engine_kind: str = "torch",
         compute_type: str | None = None,
         threads: int = 0,
+        lanes: int = 0,
         max_tokens: int | None = None,
         val_bleu: float | None = None,
         tgt_lang: str | None = None,
@@ -79,6 +85,7 @@ class ServedModel:
         self.engine_kind = engine_kind
         self.compute_type = compute_type or "default"
         self.threads = threads or torch.get_num_threads()
+        self.lanes = lanes or self.threads
         self.val_bleu = val_bleu
 
     @classmethod
@@ -90,6 +97,7 @@ class ServedModel:
         ct2_model: str | os.PathLike[str] | None = None,
         compute_type: str | None = None,
         threads: int = 0,
+        lanes: int = 0,
         convert: Converter | None = None,
         tgt_lang: str | None = None,
     ) -> ServedModel:
@@ -106,20 +114,24 @@ class ServedModel:
         ensemble = [first, *(load_model(p, "cpu") for p in paths[1:])]
         # CTranslate2's threads are fixed when it loads: from the service's worker thread its
         # calls ran faster on one thread than on two at every batch size measured.
+        # Its lanes are its inter_threads: that many translations run at once, each on its own.
         ct2_threads = threads or 1
+        lanes = lanes or threads or torch.get_num_threads()
         decoder = open_engine(
             engine, ensemble, ct2_model=ct2_model, compute_type=compute_type,
             threads=ct2_threads if engine == "ctranslate2" else threads, convert=convert,
+            lanes=lanes if engine == "ctranslate2" else None,
         )  # fmt: skip
         return cls(
             ensemble, engine=decoder, engine_kind=engine, compute_type=compute_type,
-            threads=threads, val_bleu=val_bleu, tgt_lang=tgt_lang,
+            threads=threads, lanes=lanes, val_bleu=val_bleu, tgt_lang=tgt_lang,
         )  # fmt: skip
 
     def _pin_threads(self, rows: int) -> None:
         """Torch's intra-op thread count for a call of ``rows`` rows, set on the calling
-        (worker) thread: one for a small call, :attr:`threads` for a large one."""
-        want = 1 if rows < ONE_THREAD_ROWS else self.threads
+        (worker) thread: one for a small call, the lane's share of :attr:`threads` for a large
+        one (the lanes together never ask for more threads than there are)."""
+        want = 1 if rows < ONE_THREAD_ROWS else max(1, self.threads // self.lanes)
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)
 
@@ -265,6 +277,8 @@ class ServedModel:
             "target_languages": loaded.tokenizer.target_languages or [loaded.tgt_lang],
             "engine": self.engine_kind,
             "compute_type": self.compute_type,
+            "threads": self.threads,
+            "lanes": self.lanes,
             "parameters": sum(p.numel() for p in loaded.model.parameters()),
             "config": config.to_dict(),
             "decoding": {
