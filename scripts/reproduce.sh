@@ -25,7 +25,7 @@ print(select_checkpoints(sys.argv[1], 1, "best")[0])' "$run")  # by val/bleu
   # Beam 5 with the length normalisation the preset stores (alpha 1.0, power).
   $PY evaluate.py ckpt_path="$best" decoding.beam_size=5 hydra.run.dir="$run/eval/beam5"
   # The record the README's rows cite (docs/runs/); --force replaces an earlier one.
-  $PY scripts/record_run.py "$run" --name "multi30k_${d}_60" --force \
+  $PY scripts/record_run.py "$run" --name "multi30k_${d}_tiny_60" --force \
       --eval greedy="$run/eval/greedy/results.json" --eval beam5="$run/eval/beam5/results.json"
 done
 

@@ -18,8 +18,8 @@ is the median over repeats of its target tokens/s (non-pad target tokens of step
 warmup / their wall time, data loading and logging included for the real loop). The
 ``real/bare`` ratio is taken per repeat and its median reported.
 
-Data: the Multi30k preset (``experiment=multi30k_de_en data.source=files``: small model,
-d_ff 512, pre-LN, dropout 0.2, vocab 6000, token-budget batches) when the shared data is
+Data: the Multi30k preset (``experiment=multi30k_de_en data.source=files``: its model, vocab
+6000, token-budget batches; the JSON records the sizes) when the shared data is
 present, else the generated ``numbers`` corpus with the same model sizes (its vocabulary is
 smaller: the JSON says which). ``--quick`` shrinks model and data to a smoke test.
 
