@@ -116,8 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--lanes",
         type=int_range(0, 1024),
         default=0,
-        help="engine calls that may run at once, each on its own thread (0 = one per engine "
-        "thread; 1: one call at a time, a large one on every thread)",
+        help="engine calls that may run at once, each on its own thread and its share of "
+        "--threads (0 = 1: one call at a time, a large one on every thread)",
     )
     _add_access_arguments(parser)
     defaults = Limits()

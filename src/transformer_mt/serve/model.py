@@ -45,8 +45,8 @@ class ServedModel:
         threads: intra-op threads of the engine's large calls (0 = the library's default),
             shared by the lanes; calls of fewer than :data:`ONE_THREAD_ROWS` rows run on one
             thread.
-        lanes: translations that may run at once (0 = one per engine thread); a CTranslate2
-            engine must have been loaded with as many ``inter_threads``.
+        lanes: translations that may run at once (0 = one); a CTranslate2 engine must have
+            been loaded with as many ``inter_threads``.
         max_tokens: padded source tokens per engine batch (default: the checkpoint's
             ``data.eval_max_tokens``, as for ``transformer-mt-translate``).
         val_bleu: the validation BLEU the checkpoint stores, for ``GET /model``.
@@ -85,7 +85,7 @@ class ServedModel:
         self.engine_kind = engine_kind
         self.compute_type = compute_type or "default"
         self.threads = threads or torch.get_num_threads()
-        self.lanes = lanes or self.threads
+        self.lanes = lanes or 1
         self.val_bleu = val_bleu
 
     @classmethod
@@ -114,9 +114,10 @@ class ServedModel:
         ensemble = [first, *(load_model(p, "cpu") for p in paths[1:])]
         # CTranslate2's threads are fixed when it loads: from the service's worker thread its
         # calls ran faster on one thread than on two at every batch size measured.
-        # Its lanes are its inter_threads: that many translations run at once, each on its own.
+        # CTranslate2's lanes are its inter_threads. One lane unless asked: two lanes on two
+        # cores served no more than one (docs/serve.md, "Batching").
         ct2_threads = threads or 1
-        lanes = lanes or threads or torch.get_num_threads()
+        lanes = lanes or 1
         decoder = open_engine(
             engine, ensemble, ct2_model=ct2_model, compute_type=compute_type,
             threads=ct2_threads if engine == "ctranslate2" else threads, convert=convert,
