@@ -226,6 +226,7 @@ class BlockingModel:
 
     engine_kind = "fake"
     needs_tgt_lang = False
+    lanes = 1
 
     def __init__(self) -> None:
         self.calls: list[list[str]] = []

@@ -298,19 +298,18 @@ def test_every_shipped_search_space_parses_and_names_real_keys(
     assert len(space) >= 2
     st.check_keys(space, cfg)
     assert cfg.hydra.sweeper.direction == "maximize" and cfg.optimized_metric == "val/bleu"
-    # Its given points lie in its space, and the first of them is the preset as composed.
+    # Its given points lie in its space, and one of them is the preset as composed (apart from
+    # average_last: the long study gave Wu's point with an average the preset does without).
     points = OmegaConf.to_container(cfg.hydra.sweeper.enqueue)
     study = optuna.create_study(direction="maximize")
     assert st.enqueue_points(study, space, points) == len(points)
     if points:
-        # What the preset means: activation dropout null is the dropout, and average_last 0
-        # (none) scores the last validation, as the average of the last one does.
-        shipped = {k: OmegaConf.select(cfg, k) for k in points[0]}
+        # What the preset means: activation dropout null is the dropout.
+        keys = [k for k in points[0] if k != "average_last"]
+        shipped = {k: OmegaConf.select(cfg, k) for k in keys}
         if shipped.get("model.activation_dropout", 0) is None:
             shipped["model.activation_dropout"] = shipped["model.dropout"]
-        if shipped.get("average_last") == 0:
-            shipped["average_last"] = 1
-        assert shipped == points[0]
+        assert any(shipped == {k: point[k] for k in keys} for point in points)
 
 
 def test_a_worker_that_loses_the_race_to_create_the_tables_opens_the_storage(
