@@ -10,9 +10,8 @@ while a batch decodes: requests gather while the engine is busy.
 
 ``lanes`` engine calls may run at once, each on a worker thread of its own: the batching task
 takes the next batch as soon as a lane is free. With one lane (the service's default) it takes a
-batch only when the engine is idle. More lanes pay only for an engine that leaves Python while
-it computes: threads of one process take turns at the GIL, and the torch search runs Python
-between its small operations (docs/serve.md, "Batching").
+batch only when the engine is idle. Two lanes on two cores served no more than one, for the
+torch engine and CTranslate2 alike (docs/serve.md, "Batching").
 
 The window is adaptive. A batch waits for company only when company is coming: the clients
 the last engine call answered send their next requests a moment later, so a batch waits (at
