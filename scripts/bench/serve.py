@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument(
         "--server-lanes", type=int, default=0,
-        help="the server's --lanes (0: the service's default, one per engine thread)",
+        help="the server's --lanes (0: the service's default, one)",
     )  # fmt: skip
 
 

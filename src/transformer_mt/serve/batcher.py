@@ -123,8 +123,7 @@ class Batcher:
         self.batches = 0  # engine calls so far
         self.stopped = 0  # engine calls told to stop because every caller had gone
         self.expected = 1  # jobs the last batch held: the company the next one waits for
-        self.running = 0  # engine calls running now
-        self._stops: set[threading.Event] = set()  # the running calls'
+        self._stops: set[threading.Event] = set()  # the running calls', one each
         self._free = asyncio.Semaphore(lanes)  # lanes not running a call
         self._calls: set[asyncio.Task[None]] = set()
         self._queue: collections.deque[Job] = collections.deque()
@@ -132,6 +131,11 @@ class Batcher:
         self._held: Job | None = None  # the job that did not fit the last batch
         self._task: asyncio.Task[None] | None = None
         self._worker = concurrent.futures.ThreadPoolExecutor(lanes, thread_name_prefix="engine")
+
+    @property
+    def running(self) -> int:
+        """Engine calls running now."""
+        return len(self._stops)
 
     def start(self) -> None:
         """Start the batching task on the running loop (:meth:`submit` starts it too)."""
@@ -293,7 +297,6 @@ class Batcher:
         lines = [line for job in jobs for line in job.lines]
         columns = {name: [v for job in jobs for v in job.columns[name]] for name in jobs[0].columns}
         self.batches += 1
-        self.running += 1
         stop = self._stop_when_gone(jobs)
         self._stops.add(stop)
         try:
@@ -312,7 +315,6 @@ class Batcher:
             return
         finally:
             self._stops.discard(stop)
-            self.running -= 1
         start = 0
         for job in jobs:
             part = outputs[start : start + len(job.lines)]
