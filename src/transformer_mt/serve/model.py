@@ -116,11 +116,11 @@ class ServedModel:
         # calls ran faster on one thread than on two at every batch size measured.
         # CTranslate2's lanes are its inter_threads. One lane unless asked: two lanes on two
         # cores served no more than one (docs/serve.md, "Batching").
-        ct2_threads = threads or 1
+        ct2_threads, lanes = threads or 1, lanes or 1
         decoder = open_engine(
             engine, ensemble, ct2_model=ct2_model, compute_type=compute_type,
             threads=ct2_threads if engine == "ctranslate2" else threads, convert=convert,
-            lanes=(lanes or 1) if engine == "ctranslate2" else None,
+            lanes=lanes if engine == "ctranslate2" else None,
         )  # fmt: skip
         return cls(
             ensemble, engine=decoder, engine_kind=engine, compute_type=compute_type,
