@@ -71,6 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--server-lanes", type=int, default=0,
         help="the server's --lanes (0: the service's default, one)",
     )  # fmt: skip
+    p.add_argument(
+        "--server-workers", type=int, default=0,
+        help="the server's --workers (0: none, the service's own process translates)",
+    )  # fmt: skip
 
 
 def read_sentences(path: Path, limit: int) -> list[str]:
@@ -116,7 +120,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
         [str(script)] if script.exists() else [sys.executable, "-m", "transformer_mt.cli.serve"]
     )
     command += ["--ckpt", str(args.ckpt), "--port", "0", "--threads", str(args.server_threads)]
-    command += ["--lanes", str(args.server_lanes)]
+    command += ["--lanes", str(args.server_lanes), "--workers", str(args.server_workers)]
     command += ["--window-ms", str(args.window_ms), *engine_flags(args)]
     command = _without_beam(command)
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from transformer_mt.serve.batcher import Batcher, QueueFull
+from transformer_mt.serve.batcher import Batcher, Job, QueueFull, split
 
 
 class Stopped(RuntimeError):
@@ -362,13 +362,15 @@ def test_with_two_lanes_a_second_call_runs_while_the_first_is_busy() -> None:
 
 def test_with_every_lane_busy_jobs_gather_for_the_next_free_one() -> None:
     """Two lanes, both held: the jobs that arrive meanwhile stay queued, and share one call once
-    a lane is free."""
+    a lane is free (the other still busy, so there is no idle lane to split them with)."""
     engine = Engine()
-    started, release = threading.Semaphore(0), threading.Event()
+    started = threading.Semaphore(0)
+    release = {"1": threading.Event(), "2": threading.Event()}
 
     def hold_both(lines: list[str], options: Any, *, stop: threading.Event) -> list[str]:
-        started.release()
-        assert release.wait(30), "the test never released the engine"
+        if lines[0] in release:
+            started.release()
+            assert release[lines[0]].wait(30), "the test never released the engine"
         return engine(lines, options, stop=stop)
 
     async def scenario() -> None:
@@ -384,13 +386,52 @@ def test_with_every_lane_busy_jobs_gather_for_the_next_free_one() -> None:
         for _ in range(100):
             await asyncio.sleep(0)
         assert batcher.pending == 3  # no lane free: nothing was taken
-        release.set()
-        assert await first == ["1:a"] and await second == ["2:a"]
+        release["1"].set()
+        assert await first == ["1:a"]
         assert [await job for job in later] == [["x:a"], ["y:a"], ["z:a"]]
+        release["2"].set()
+        assert await second == ["2:a"]
         await batcher.stop()
 
     run(scenario)
-    assert sorted(lines for lines, _ in engine.calls) == [["1"], ["2"], ["x", "y", "z"]]
+    assert [lines for lines, _ in engine.calls] == [["1"], ["x", "y", "z"], ["2"]]
+
+
+def test_a_batch_taken_while_lanes_are_idle_is_split_between_them() -> None:
+    """Four jobs queued, two idle lanes: two calls of two consecutive jobs each, and every job
+    still gets its own lines back."""
+    engine = Engine()
+
+    async def scenario() -> None:
+        batcher = Batcher(engine, max_tokens=100, window_s=0, lanes=2)
+        jobs = [asyncio.ensure_future(batcher.submit([t], "a", 1)) for t in "abcd"]
+        assert [await job for job in jobs] == [["a:a"], ["b:a"], ["c:a"], ["d:a"]]
+        assert batcher.batches == 2 and batcher.expected == 2
+        await batcher.stop()
+
+    run(scenario)
+    assert sorted(lines for lines, _ in engine.calls) == [["a", "b"], ["c", "d"]]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "parts", "runs"),
+    [
+        ([5] * 4, 2, [[5, 5], [5, 5]]),
+        ([5] * 5, 3, [[5, 5], [5, 5], [5]]),
+        ([1, 1, 1, 100], 2, [[1, 1, 1], [100]]),
+        ([100, 1, 1, 1], 2, [[100], [1, 1, 1]]),
+        ([3], 4, [[3]]),
+        ([2, 2], 4, [[2], [2]]),
+        ([7, 1, 1, 1, 1, 1, 1, 1], 3, [[7], [1, 1, 1], [1, 1, 1, 1]]),
+    ],
+)
+def test_split_keeps_the_order_and_shares_the_tokens(
+    tokens: list[int], parts: int, runs: list[list[int]]
+) -> None:
+    jobs = [Job([str(i)], "a", t, None) for i, t in enumerate(tokens)]  # type: ignore[arg-type]
+    got = split(jobs, parts)
+    assert [[job.tokens for job in run] for run in got] == runs
+    assert [job for run in got for job in run] == jobs
 
 
 def test_a_job_with_its_own_call_waits_for_every_lane_and_runs_with_nothing_beside() -> None:

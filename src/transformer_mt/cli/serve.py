@@ -119,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine calls that may run at once, each on its own thread and its share of "
         "--threads (0 = 1: one call at a time, a large one on every thread)",
     )
+    parser.add_argument(
+        "--workers",
+        type=int_range(0, 256),
+        default=0,
+        help="engine worker processes, each with the model, one call at a time and its share "
+        "of --threads (0 = none: the service's own process translates); use instead of --lanes",
+    )
     _add_access_arguments(parser)
     defaults = Limits()
     for name, text in (
@@ -262,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             model = ServedModel.open(
                 args.ckpt, engine=args.engine, ct2_model=args.ct2_model,
                 compute_type=args.compute_type, threads=args.threads, lanes=args.lanes,
-                tgt_lang=args.tgt_lang,
+                tgt_lang=args.tgt_lang, workers=args.workers,
                 convert=converter(args.engine, args.ct2_model),
             )  # fmt: skip
         except (ValueError, OSError) as err:
@@ -274,6 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             uvicorn.Server(config).run(sockets=[sock])
         except KeyboardInterrupt:
             return 130
+        finally:
+            model.close()
     return 0
 
 

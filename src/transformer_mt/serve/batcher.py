@@ -9,9 +9,12 @@ run on worker threads, so the event loop keeps accepting requests (and filling t
 while a batch decodes: requests gather while the engine is busy.
 
 ``lanes`` engine calls may run at once, each on a worker thread of its own: the batching task
-takes the next batch as soon as a lane is free. With one lane (the service's default) it takes a
-batch only when the engine is idle. Two lanes on two cores served no more than one, for the
-torch engine and CTranslate2 alike (docs/serve.md, "Batching").
+takes the next batch as soon as a lane is free, and a batch taken while other lanes are idle is
+split between them (consecutive jobs, about equal source tokens each), so that sixteen clients
+in step keep two engine worker processes busy rather than one. With one lane (the service's
+default) it takes a batch only when the engine is idle. Two lanes of threads in one process
+served no more than one, for the torch engine and CTranslate2 alike; lanes of worker processes
+(:mod:`~transformer_mt.serve.workers`) each have a core (docs/serve.md, "Batching").
 
 The window is adaptive. A batch waits for company only when company is coming: the clients
 the last engine call answered send their next requests a moment later, so a batch waits (at
@@ -125,6 +128,7 @@ class Batcher:
         self.expected = 1  # jobs the last batch held: the company the next one waits for
         self._stops: set[threading.Event] = set()  # the running calls', one each
         self._free = asyncio.Semaphore(lanes)  # lanes not running a call
+        self._idle = lanes  # the same count, readable: lanes neither running nor taken
         self._calls: set[asyncio.Task[None]] = set()
         self._queue: collections.deque[Job] = collections.deque()
         self._arrived = asyncio.Event()  # set when a job is queued
@@ -207,21 +211,29 @@ class Batcher:
         while True:
             # A batch is taken only when a lane is free to run it: while every lane is busy,
             # requests gather for the next one.
-            await self._free.acquire()
+            await self._acquire()
             try:
                 jobs = await self._collect()
             except BaseException:
-                self._free.release()
+                self._release()
                 raise
             groups: dict[Hashable, list[Job]] = {}
             for job in jobs:
                 groups.setdefault(job.key, []).append(job)
+            parts = list(groups.values())
+            if len(parts) == 1 and parts[0][0].run is None and self._idle > 0:
+                # Idle lanes share the batch: on separate cores, two calls of half the
+                # sentences end sooner than one call of all of them.
+                parts = split(parts[0], 1 + self._idle)
+                # The company a lane's next batch waits for is what one lane took: the
+                # clients of one part come back together, the other parts' meanwhile busy.
+                self.expected = max(len(part) for part in parts)
             held = 1  # the lane acquired for this batch goes to its first group
-            for group in groups.values():
+            for group in parts:
                 # A job with its own call runs with nothing beside it: it takes every lane.
                 want = self.lanes if group[0].run is not None else 1
                 for _ in range(want - held):
-                    await self._free.acquire()
+                    await self._acquire()
                 task = asyncio.get_running_loop().create_task(self._run_group(group, want))
                 self._calls.add(task)
                 task.add_done_callback(self._calls.discard)
@@ -288,7 +300,15 @@ class Batcher:
             await self._call_group(jobs)
         finally:
             for _ in range(lanes):
-                self._free.release()
+                self._release()
+
+    async def _acquire(self) -> None:
+        await self._free.acquire()
+        self._idle -= 1
+
+    def _release(self) -> None:
+        self._idle += 1
+        self._free.release()
 
     async def _call_group(self, jobs: list[Job]) -> None:
         jobs = [job for job in jobs if not job.future.done()]
@@ -335,6 +355,27 @@ class Batcher:
         for job in jobs:
             job.future.add_done_callback(gone)
         return stop
+
+
+def split(jobs: list[Job], parts: int) -> list[list[Job]]:
+    """``jobs`` in at most ``parts`` runs of consecutive jobs with about equal source tokens
+    (arrival order kept; never an empty run)."""
+    parts = max(1, min(parts, len(jobs)))
+    total = sum(job.tokens for job in jobs)
+    runs: list[list[Job]] = []
+    run: list[Job] = []
+    seen = 0  # tokens of the jobs placed so far
+    for i, job in enumerate(jobs):
+        run.append(job)
+        seen += job.tokens
+        runs_to_come, jobs_to_come = parts - len(runs) - 1, len(jobs) - i - 1
+        # Close the run at its share of the tokens, or when each run to come needs a job.
+        share_reached = seen * parts >= total * (len(runs) + 1)
+        if runs_to_come > 0 and (share_reached or jobs_to_come == runs_to_come):
+            runs.append(run)
+            run = []
+    runs.append(run)
+    return runs
 
 
 def _timed(run: Callable[..., list[Any]], jobs: list[Job], *args: Any) -> list[Any]:

@@ -26,6 +26,7 @@ from transformer_mt.inference.decode import Engine
 from transformer_mt.inference.engine import Converter, open_engine
 from transformer_mt.inference.search import SearchConfig, stop_when
 from transformer_mt.inference.translator import Translation, Translator
+from transformer_mt.serve.workers import WorkerPool, WorkerSpec
 
 #: Engine calls with fewer rows (sentences x beams) run on one intra-op thread: a small call's
 #: operations are too small to share, and waking a second thread for each of them cost more
@@ -47,6 +48,8 @@ class ServedModel:
             thread.
         lanes: translations that may run at once (0 = one); a CTranslate2 engine must have
             been loaded with as many ``inter_threads``.
+        pool: worker processes that run the translations (:mod:`~transformer_mt.serve.workers`;
+            one lane each); this process then keeps tokenisation, checks and attention.
         max_tokens: padded source tokens per engine batch (default: the checkpoint's
             ``data.eval_max_tokens``, as for ``transformer-mt-translate``).
         val_bleu: the validation BLEU the checkpoint stores, for ``GET /model``.
@@ -64,6 +67,7 @@ class ServedModel:
         max_tokens: int | None = None,
         val_bleu: float | None = None,
         tgt_lang: str | None = None,
+        pool: WorkerPool | None = None,
     ) -> None:
         self.ensemble = list(ensemble)
         self.loaded = self.ensemble[0]
@@ -85,7 +89,9 @@ class ServedModel:
         self.engine_kind = engine_kind
         self.compute_type = compute_type or "default"
         self.threads = threads or torch.get_num_threads()
-        self.lanes = lanes or 1
+        #: engine worker processes that translate in this process' place (``None``: none)
+        self.pool = pool
+        self.lanes = pool.count if pool is not None else lanes or 1
         self.val_bleu = val_bleu
 
     @classmethod
@@ -100,12 +106,21 @@ class ServedModel:
         lanes: int = 0,
         convert: Converter | None = None,
         tgt_lang: str | None = None,
+        workers: int = 0,
     ) -> ServedModel:
         """Load ``ckpt`` (each file read once, on the CPU) and open the engine ``engine``.
 
         ``ct2_model``: a directory of ``transformer-mt-export --format ctranslate2``; else
         ``convert`` writes one at start-up (:func:`~transformer_mt.inference.engine.open_engine`).
+        ``workers``: engine worker processes that translate (0 = none: this process does),
+        each with its share of ``threads`` (the cores when 0) and one lane; they open the same
+        engine, after this process has opened it once (so a bad option is found once, and a
+        converted CTranslate2 model is written once).
         """
+        if workers and lanes > 1:
+            raise ValueError(
+                f"--workers {workers} and --lanes {lanes}: each worker is one lane; set one of them"
+            )
         paths = [ckpt] if isinstance(ckpt, (str, os.PathLike)) else list(ckpt)
         checkpoint = load_checkpoint(paths[0])
         first = build_model(checkpoint, paths[0], "cpu")
@@ -122,10 +137,25 @@ class ServedModel:
             threads=ct2_threads if engine == "ctranslate2" else threads, convert=convert,
             lanes=lanes if engine == "ctranslate2" else None,
         )  # fmt: skip
+        pool = None
+        if workers:
+            share = max(1, (threads or torch.get_num_threads()) // workers)
+            model_dir = getattr(decoder, "model_dir", None)
+            spec = WorkerSpec(
+                tuple(str(p) for p in paths), engine=engine, compute_type=compute_type,
+                ct2_model=str(model_dir) if model_dir is not None else None,
+                threads=share, tgt_lang=tgt_lang,
+            )  # fmt: skip
+            pool = WorkerPool(spec, workers)
         return cls(
             ensemble, engine=decoder, engine_kind=engine, compute_type=compute_type,
-            threads=threads, lanes=lanes, val_bleu=val_bleu, tgt_lang=tgt_lang,
+            threads=threads, lanes=lanes, val_bleu=val_bleu, tgt_lang=tgt_lang, pool=pool,
         )  # fmt: skip
+
+    def close(self) -> None:
+        """Stop the worker processes, if any (the model itself needs no closing)."""
+        if self.pool is not None:
+            self.pool.close()
 
     def _pin_threads(self, rows: int) -> None:
         """Torch's intra-op thread count for a call of ``rows`` rows, set on the calling
@@ -205,6 +235,11 @@ class ServedModel:
         batch of the ctranslate2 engine); once it is true the call raises
         :class:`~transformer_mt.inference.search.DecodingCancelled`.
         """
+        if self.pool is not None:
+            return self.pool.translate(
+                lines, search, should_stop=should_stop, prefixes=prefixes,
+                constraints=constraints, alignments=alignments, tgt_lang=tgt_lang,
+            )  # fmt: skip
         self._pin_threads(len(lines) * max(search.beam_size, search.nbest))
         with stop_when(should_stop):
             return self.translator_for(tgt_lang).translate_batch(
@@ -279,6 +314,7 @@ class ServedModel:
             "compute_type": self.compute_type,
             "threads": self.threads,
             "lanes": self.lanes,
+            "workers": self.pool.count if self.pool is not None else 0,
             "parameters": sum(p.numel() for p in loaded.model.parameters()),
             "config": config.to_dict(),
             "decoding": {
