@@ -54,6 +54,24 @@ def test_a_worker_translates_as_the_process_itself_does(
     assert served.info()["workers"] == 2 and served.info()["lanes"] == 2
 
 
+def test_ctranslate2_workers_translate_as_the_process_itself_does(
+    tiny_ckpt: Path, tmp_path: Path
+) -> None:
+    """The workers open the model directory the service's own engine opened."""
+    pytest.importorskip("ctranslate2", reason="needs the export extra")
+    from transformer_mt.export.convert import export_ctranslate2, export_huggingface
+
+    ct2 = export_ctranslate2(export_huggingface(tiny_ckpt, tmp_path / "hf"), tmp_path / "ct2")
+    alone = ServedModel.open(tiny_ckpt, engine="ctranslate2", ct2_model=ct2)
+    expected = [t.text for t in alone.translate(LINES, alone.search(beam_size=2))]
+    model = ServedModel.open(tiny_ckpt, engine="ctranslate2", ct2_model=ct2, workers=1)
+    try:
+        assert [t.text for t in model.translate(LINES, model.search(beam_size=2))] == expected
+        assert model.info()["engine"] == "ctranslate2" and model.info()["workers"] == 1
+    finally:
+        model.close()
+
+
 def test_two_calls_at_once_run_on_the_two_workers(served: ServedModel) -> None:
     """Each lane takes its own worker: calls from two threads together give the serial
     outputs, many rounds over."""
@@ -111,7 +129,7 @@ def test_a_dead_worker_is_replaced(tiny_ckpt: Path) -> None:
 
 
 def test_a_worker_that_cannot_open_the_model_says_why(tmp_path: Path) -> None:
-    spec = WorkerSpec((str(tmp_path / "missing.ckpt"),))
+    spec = WorkerSpec(ServedModel.open, (str(tmp_path / "missing.ckpt"),))
     with pytest.raises(ValueError, match=r"engine worker 0 could not open the model: .*missing"):
         WorkerPool(spec, 1)
 

@@ -105,6 +105,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--tgt-lang",
         help="the language a multilingual checkpoint translates into, for every request",
     )
+    _add_engine_processes(parser)
+    _add_access_arguments(parser)
+    defaults = Limits()
+    for name, text in (
+        ("max_sentences", "sentences per request"),
+        ("max_chars", "characters per request"),
+        ("max_beam", "largest beam size a request may ask for"),
+        ("timeout_s", "seconds a request may wait for its answer"),
+        ("max_pending", "sentences waiting before requests get 503"),
+        ("batch_tokens", "source tokens per batch"),
+        ("window_ms", "most milliseconds a batch waits for the requests it expects"),
+        ("max_attention_values", "attention weights one /attention answer may hold"),
+    ):
+        default, (low, high) = getattr(defaults, name), RANGES[name]
+        whole = isinstance(default, int)
+        kind = int_range(int(low), int(high)) if whole else finite_float(low, high)
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(
+            flag, type=kind, default=default, help=f"{text}, {low:g}..{high:g} (default {default})"
+        )
+    return parser
+
+
+def _add_engine_processes(parser: argparse.ArgumentParser) -> None:
+    """How many engine calls run at once, on how many threads and processes."""
     parser.add_argument(
         "--threads",
         type=int_range(0, 1024),
@@ -126,26 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine worker processes, each with the model, one call at a time and its share "
         "of --threads (0 = none: the service's own process translates); use instead of --lanes",
     )
-    _add_access_arguments(parser)
-    defaults = Limits()
-    for name, text in (
-        ("max_sentences", "sentences per request"),
-        ("max_chars", "characters per request"),
-        ("max_beam", "largest beam size a request may ask for"),
-        ("timeout_s", "seconds a request may wait for its answer"),
-        ("max_pending", "sentences waiting before requests get 503"),
-        ("batch_tokens", "source tokens per batch"),
-        ("window_ms", "most milliseconds a batch waits for the requests it expects"),
-        ("max_attention_values", "attention weights one /attention answer may hold"),
-    ):
-        default, (low, high) = getattr(defaults, name), RANGES[name]
-        whole = isinstance(default, int)
-        kind = int_range(int(low), int(high)) if whole else finite_float(low, high)
-        flag = "--" + name.replace("_", "-")
-        parser.add_argument(
-            flag, type=kind, default=default, help=f"{text}, {low:g}..{high:g} (default {default})"
-        )
-    return parser
 
 
 def _add_access_arguments(parser: argparse.ArgumentParser) -> None:

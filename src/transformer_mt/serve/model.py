@@ -142,7 +142,7 @@ class ServedModel:
             share = max(1, (threads or torch.get_num_threads()) // workers)
             model_dir = getattr(decoder, "model_dir", None)
             spec = WorkerSpec(
-                tuple(str(p) for p in paths), engine=engine, compute_type=compute_type,
+                cls.open, tuple(str(p) for p in paths), engine=engine, compute_type=compute_type,
                 ct2_model=str(model_dir) if model_dir is not None else None,
                 threads=share, tgt_lang=tgt_lang,
             )  # fmt: skip

@@ -22,8 +22,9 @@ import multiprocessing
 import multiprocessing.connection
 import pickle
 import queue
+import signal
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -37,15 +38,18 @@ START_TIMEOUT_S = 600.0
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What each worker opens: :meth:`ServedModel.open`'s arguments (one lane, its threads)."""
+    """What each worker opens: ``opener(list(ckpt), engine=..., ...)``, which is
+    :meth:`ServedModel.open` (passed in, and pickled by name, so that this module need not
+    import the model's), with one lane and its threads; a CTranslate2 engine from the directory
+    the service's own engine opened or converted."""
 
+    opener: Callable[..., Any]
     ckpt: tuple[str, ...]
     engine: str = "torch"
     ct2_model: str | None = None
     compute_type: str | None = None
     threads: int = 1
     tgt_lang: str | None = None
-    convert: Any = field(default=None, compare=False)
 
 
 def _serve(spec: WorkerSpec, conn: multiprocessing.connection.Connection, stop: Any) -> None:
@@ -53,14 +57,14 @@ def _serve(spec: WorkerSpec, conn: multiprocessing.connection.Connection, stop: 
     pipe closes or says ``None``."""
     import torch
 
-    from transformer_mt.serve.model import ServedModel
-
+    # Ctrl-C in a terminal reaches the whole process group: the service handles it and closes
+    # its workers, which would otherwise each print a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(max(1, spec.threads))
     try:
-        model = ServedModel.open(
+        model = spec.opener(
             list(spec.ckpt), engine=spec.engine, ct2_model=spec.ct2_model,
             compute_type=spec.compute_type, threads=spec.threads, tgt_lang=spec.tgt_lang,
-            convert=spec.convert,
         )  # fmt: skip
     except Exception as err:  # the parent reports it as the start-up error
         conn.send(("error", f"{type(err).__name__}: {err}"))
@@ -75,10 +79,13 @@ def _serve(spec: WorkerSpec, conn: multiprocessing.connection.Connection, stop: 
             return
         lines, search, kwargs = request
         try:
-            result = model.translate(lines, search, should_stop=stop.is_set, **kwargs)
-            conn.send(("ok", result))
+            reply = ("ok", model.translate(lines, search, should_stop=stop.is_set, **kwargs))
         except Exception as err:  # re-raised in the caller
-            conn.send(("raise", _picklable(err)))
+            reply = ("raise", _picklable(err))
+        try:
+            conn.send(reply)
+        except OSError:  # the service has gone while this call ran
+            return
 
 
 def _picklable(err: Exception) -> Exception:
