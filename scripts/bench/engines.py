@@ -40,7 +40,7 @@ QUICK = {
     "vocab": 64, "d_model": 32, "n_heads": 4, "d_ff": 64, "layers": 1,
     "batch": 4, "src_len": 6, "new_tokens": 4, "repeats": 1, "beams": [1, 2],
 }  # fmt: skip
-ENGINES = ("ours", "ours_int8", "transformers", "ct2_float32", "ct2_int8")
+ENGINES = ("ours", "ours_compiled", "ours_int8", "transformers", "ct2_float32", "ct2_int8")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -99,8 +99,11 @@ def engines(ckpt: Path, work: Path, threads: int) -> dict[str, Any]:
     hf_dir = export_huggingface(ckpt, work / "hf", force=True)
     ct2_dir = export_ctranslate2(hf_dir, work / "ct2", force=True)
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf_dir).eval()
+    compiled = TorchEngine.from_loaded(loaded, compile=True)
+    compiled.warm_up()  # the compile itself stays out of the timings
     return {
         "loaded": loaded,
+        "ours_compiled": compiled,
         "ours_int8": TorchEngine.from_loaded(loaded, compute_type="int8"),
         "hf": hf,
         "ct2_float32": CTranslate2Engine(ct2_dir, threads=threads, compute_type="float32"),
@@ -145,9 +148,12 @@ def random_contenders(
             max_batch_size=batch,
         )
 
-    int8 = e["ours_int8"].models[0]
+    int8, steps = e["ours_int8"].models[0], e["ours_compiled"].steps
     return {
         "ours": lambda: generate(loaded.model, src, bos_id=1, eos_id=eos, search=search),
+        "ours_compiled": lambda: generate(
+            loaded.model, src, bos_id=1, eos_id=eos, search=search, decoding_steps=steps
+        ),
         "ours_int8": lambda: generate(int8, src, bos_id=1, eos_id=eos, search=search),
         "transformers": hf_generate,
         "ct2_float32": ct2("ct2_float32"),
@@ -252,8 +258,12 @@ def checkpoint_contenders(
         for name in ("ct2_float32", "ct2_int8")
     }
     int8 = Translator(loaded, search, max_sentences=batch, engine=e["ours_int8"])
+    compiled = Translator(loaded, search, max_sentences=batch, engine=e["ours_compiled"])
     return {
         "ours": lambda n: loaded.tokenizer.decode_hypotheses(ours.translate_ids(ids[:n])),
+        "ours_compiled": lambda n: loaded.tokenizer.decode_hypotheses(
+            compiled.translate_ids(ids[:n])
+        ),
         "ours_int8": lambda n: loaded.tokenizer.decode_hypotheses(int8.translate_ids(ids[:n])),
         "transformers": hf_translator(e, ids, search, batch),
         "ct2_float32": lambda n: ct2["ct2_float32"].translate(sources[:n]),

@@ -58,6 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compute-type", help="CTranslate2 weights: int8, float32, ...")
     p.add_argument("--ct2-model", type=Path, help="CTranslate2 dir (else converted at start)")
     p.add_argument("--beam-size", type=int, default=1, help="1 = greedy")
+    p.add_argument(
+        "--compile", action="store_true",
+        help="torch engine: the compiled decoding step, offline and in the server alike",
+    )  # fmt: skip
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--duration", type=float, default=60.0, help="seconds of concurrent load")
     p.add_argument("--single-requests", type=int, default=200, help="one-client requests")
@@ -90,6 +94,8 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
         flags += ["--compute-type", args.compute_type]
     if args.ct2_model:
         flags += ["--ct2-model", str(args.ct2_model)]
+    if args.compile:
+        flags.append("--compile")
     return flags
 
 
@@ -102,7 +108,7 @@ def offline_engine(args: argparse.Namespace) -> tuple[Any, Any]:
     model = ServedModel.open(
         args.ckpt, engine=args.engine, ct2_model=args.ct2_model,
         compute_type=args.compute_type, threads=args.threads, lanes=1,
-        convert=converter(args.engine, args.ct2_model),
+        convert=converter(args.engine, args.ct2_model), compile=args.compile,
     )  # fmt: skip
     search = model.search(beam_size=args.beam_size)
     return model, lambda lines: model.translate(lines, search)
@@ -262,7 +268,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def tables(result: dict[str, Any]) -> list[Table]:
     s, env = result["settings"], result["environment"]
     title = (
-        f"serve: {s['engine']}{' ' + s['compute_type'] if s['compute_type'] else ''}, beam "
+        f"serve: {s['engine']}{' ' + s['compute_type'] if s['compute_type'] else ''}"
+        f"{', compiled' if s.get('compile') else ''}, beam "
         f"{s['beam_size']}, {result['sentences']} sentences, {s['threads']} threads, "
         f"{env['cpu']}, load {env['load_average'][0]:.1f}"
     )

@@ -378,6 +378,13 @@ def test_command_line_mistakes_are_one_error_line(
             "torch compute type": (
                 ["--ckpt", str(tiny_ckpt), "--compute-type", "int4"],
                 "the torch engine has no compute type 'int4'; use --compute-type int8"),
+            "compiled CTranslate2": (
+                ["--ckpt", str(tiny_ckpt), "--engine", "ctranslate2", "--compile"],
+                "--compile applies to --engine torch only"),
+            "compiled int8": (
+                ["--ckpt", str(tiny_ckpt), "--compile", "--compute-type", "int8"],
+                "the compiled decoding step runs float weights, and compute type int8 quantizes "
+                "them; compile with --compute-type default or do not compile"),
             "bad limit": (["--ckpt", str(tiny_ckpt), "--max-beam", "0"], "--max-beam: got '0'"),
             "no checkpoint": (["--port", "0"], "required: --ckpt"),
             "a key a header cannot carry": (

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from transformer_mt.cli.options import (
+    add_compile_argument,
     add_engine_arguments,
     check_engine_flags,
     converter,
@@ -101,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="checkpoint (.ckpt) written by train.py; repeat it for an ensemble (torch engine)",
     )
     add_engine_arguments(parser)
+    add_compile_argument(parser)
     parser.add_argument(
         "--tgt-lang",
         help="the language a multilingual checkpoint translates into, for every request",
@@ -274,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             model = ServedModel.open(
                 args.ckpt, engine=args.engine, ct2_model=args.ct2_model,
                 compute_type=args.compute_type, threads=args.threads, lanes=args.lanes,
-                tgt_lang=args.tgt_lang, workers=args.workers,
+                tgt_lang=args.tgt_lang, workers=args.workers, compile=args.compile,
                 convert=converter(args.engine, args.ct2_model),
             )  # fmt: skip
         except (ValueError, OSError) as err:

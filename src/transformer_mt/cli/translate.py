@@ -24,6 +24,7 @@ from typing import BinaryIO, TextIO
 from transformer_mt.checkpoint import CheckpointError
 from transformer_mt.cli.options import (
     ERRORS_FIX,
+    add_compile_argument,
     add_errors_argument,
     add_model_arguments,
     configure_logging,
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: transformer-mt-translate --ckpt run/last.ckpt < in.en > out.de",
     )
     add_model_arguments(parser)
+    add_compile_argument(parser)
     parser.add_argument(
         "-i", "--input", default="-", help="input file, one sentence a line ('-' = stdin)"
     )

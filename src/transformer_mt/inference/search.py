@@ -31,6 +31,7 @@ from torch import Tensor
 from transformer_mt.errors import SettingError
 from transformer_mt.inference.constraints import Candidate, ConstraintState, allocate
 from transformer_mt.model.attention import frozen_weights
+from transformer_mt.model.decoding_step import DecodingStep, StepState
 from transformer_mt.model.kv_cache import KVCache
 from transformer_mt.model.transformer import Transformer
 
@@ -310,6 +311,51 @@ class _Decoding:
                 self_cache.reorder(rows)
 
 
+class _SteppedDecoding:
+    """:class:`_Decoding` through one :class:`DecodingStep` per model (e.g. compiled): the same
+    log-probabilities from buffers whose shapes stay fixed for the search's ``length`` steps."""
+
+    def __init__(
+        self, models: list[Transformer], src: Tensor, steps: Sequence[DecodingStep], length: int
+    ) -> None:
+        if len(steps) != len(models):
+            raise ValueError(f"{len(models)} models need as many decoding steps, got {len(steps)}")
+        self.steps = list(steps)
+        self.states: list[StepState] = []
+        for model, step in zip(models, self.steps):
+            memory, src_mask = model.encode(src)
+            self.states.append(step.start(memory, src_mask, length))
+
+    def log_probs(self, prefix: Tensor, step: int) -> Tensor:
+        """As :meth:`_Decoding.log_probs`."""
+        # The step as a tensor of its own (not a view): a compiled step reads it as data.
+        token, position = prefix[:, -1:], torch.tensor(step, device=prefix.device)
+        out = [s.log_probs(token, position, state) for s, state in zip(self.steps, self.states)]
+        return out[0] if len(out) == 1 else torch.stack(out).mean(dim=0)
+
+    def select(self, rows: Tensor) -> None:
+        for state in self.states:
+            state.select(rows)
+
+    def reorder_beams(self, rows: Tensor) -> None:
+        for state in self.states:
+            state.reorder_self(rows)
+
+
+def _decoding(
+    models: list[Transformer],
+    src: Tensor,
+    search: SearchConfig,
+    length: int,
+    steps: Sequence[DecodingStep] | None,
+) -> _Decoding | _SteppedDecoding:
+    """The decoding state of a search of at most ``length`` steps: through ``steps`` where
+    given, else :meth:`Transformer.decode` (over the cache unless ``search.use_cache`` is off)."""
+    if steps is None or not search.use_cache:
+        return _Decoding(models, src, search.use_cache)
+    return _SteppedDecoding(models, src, steps, length)
+
+
 def _select_cache(layer: tuple[KVCache, KVCache], index: Tensor) -> None:
     for cache in layer:
         cache.reorder(index)
@@ -433,13 +479,14 @@ def _token_by_token(
     eos_id: int,
     search: SearchConfig,
     steer: Steering,
+    decoding_steps: Sequence[DecodingStep] | None,
 ) -> list[Hypothesis]:
     """Decode one token per sentence per step, picked by ``choose(lprobs, rows)``."""
     B, device = src.size(0), src.device
-    decoding = _Decoding(models, src, search.use_cache)
-    forcing = _Forcing(steer.prefixes, B, device)
     max_lens = _max_lengths(models, src, search, steer)  # (B,)
     steps = int(max_lens.max())
+    decoding = _decoding(models, src, search, steps, decoding_steps)
+    forcing = _Forcing(steer.prefixes, B, device)
     out = torch.full((B, steps), eos_id, dtype=torch.long, device=device)
     log_prob = torch.zeros(B, device=device)  # (B,)
     alive = torch.arange(B, device=device)  # rows of `out` still being decoded
@@ -477,6 +524,7 @@ def greedy_search(
     eos_id: int,
     search: SearchConfig,
     steer: Steering | None = None,
+    decoding_steps: Sequence[DecodingStep] | None = None,
 ) -> list[list[Hypothesis]]:
     """Pick the most likely token at every step (``search.beam_size`` is not read).
 
@@ -484,6 +532,8 @@ def greedy_search(
         model: A model, or several whose log-probabilities are averaged (an ensemble).
         src: Source token ids ``(B, S)`` padded with the models' pad id.
         steer: Forced prefixes (constraints need :func:`beam_search`).
+        decoding_steps: One :class:`DecodingStep` per model (e.g. compiled) to decode with
+            instead of :meth:`Transformer.decode`; the results are the same.
 
     Returns:
         One single-hypothesis list per sentence.
@@ -491,6 +541,7 @@ def greedy_search(
     found = _token_by_token(
         as_models(model), src, lambda lprobs, rows: lprobs.argmax(dim=-1),
         bos_id=bos_id, eos_id=eos_id, search=search, steer=steer or Steering(),
+        decoding_steps=decoding_steps,
     )  # fmt: skip
     return [[h] for h in found]
 
@@ -504,6 +555,7 @@ def sample(
     eos_id: int,
     search: SearchConfig,
     steer: Steering | None = None,
+    decoding_steps: Sequence[DecodingStep] | None = None,
 ) -> list[list[Hypothesis]]:
     """Draw ``search.nbest`` outputs per sentence, each token from the tempered, top-k and
     top-p filtered distribution (:class:`SearchConfig`), in the order drawn.
@@ -518,7 +570,7 @@ def sample(
     choose = _Sampler(search, src, pad_id=models[0].pad_id, samples=n, steps=steps)
     found = _token_by_token(
         models, src[rows], choose, bos_id=bos_id, eos_id=eos_id, search=search,
-        steer=steer.rows(rows.tolist()),
+        steer=steer.rows(rows.tolist()), decoding_steps=decoding_steps,
     )  # fmt: skip
     return [found[i : i + n] for i in range(0, len(found), n)]
 
@@ -784,6 +836,7 @@ def beam_search(
     eos_id: int,
     search: SearchConfig,
     steer: Steering | None = None,
+    decoding_steps: Sequence[DecodingStep] | None = None,
 ) -> list[list[Hypothesis]]:
     """Keep the ``search.beam_size`` best prefixes per sentence; return the best finished ones.
 
@@ -797,12 +850,13 @@ def beam_search(
         model: A model, or several whose log-probabilities are averaged (an ensemble).
         src: Source token ids ``(B, S)`` padded with the models' pad id.
         steer: Forced prefixes and constraint phrases per sentence.
+        decoding_steps: As for :func:`greedy_search`.
     """
     models, K, steer = as_models(model), search.beam_size, steer or Steering()
-    decoding = _Decoding(models, src, search.use_cache)
+    max_lens = _max_lengths(models, src, search, steer)  # (B,)
+    decoding = _decoding(models, src, search, int(max_lens.max()), decoding_steps)
     # Sentence-major copies: row b * K + k is beam k of sentence b.
     decoding.select(torch.arange(src.size(0), device=src.device).repeat_interleave(K))
-    max_lens = _max_lengths(models, src, search, steer)  # (B,)
     forcing = _Forcing(steer.prefixes, src.size(0), src.device)
     beam = (
         _Beam(src, bos_id, K, forcing.lengths)
@@ -841,9 +895,11 @@ def search_batch(
     eos_id: int,
     search: SearchConfig,
     steer: Steering | None = None,
+    decoding_steps: Sequence[DecodingStep] | None = None,
 ) -> list[list[Hypothesis]]:
     """The ``search.nbest`` outputs per sentence: sampled, greedy (``beam_size`` 1) or beam
-    search; constraints always take the (constrained) beam search."""
+    search; constraints always take the (constrained) beam search. ``decoding_steps``: as for
+    :func:`greedy_search`."""
     steer = steer or Steering()
     if search.sampling and steer.constraints is not None and any(steer.constraints):
         raise SettingError(
@@ -859,7 +915,10 @@ def search_batch(
     # The weights do not change during a search: each attention layer joins its projection
     # weights once for every step.
     with frozen_weights(*as_models(model)):
-        return fn(model, src, bos_id=bos_id, eos_id=eos_id, search=search, steer=steer)
+        return fn(
+            model, src, bos_id=bos_id, eos_id=eos_id, search=search, steer=steer,
+            decoding_steps=decoding_steps,
+        )  # fmt: skip
 
 
 def generate(
@@ -869,12 +928,13 @@ def generate(
     bos_id: int,
     eos_id: int,
     search: SearchConfig,
+    decoding_steps: Sequence[DecodingStep] | None = None,
 ) -> Tensor:
     """The best output of :func:`search_batch` as ids ``(B, L)``: eos-ended, then padding."""
-    best = [
-        [*h[0].tokens, eos_id]
-        for h in search_batch(model, src, bos_id=bos_id, eos_id=eos_id, search=search)
-    ]
+    found = search_batch(
+        model, src, bos_id=bos_id, eos_id=eos_id, search=search, decoding_steps=decoding_steps
+    )
+    best = [[*h[0].tokens, eos_id] for h in found]
     pad = as_models(model)[0].pad_id
     out = torch.full((len(best), max(map(len, best))), pad, dtype=torch.long, device=src.device)
     for b, seq in enumerate(best):

@@ -92,6 +92,7 @@ class EvalSchema:
     engine: str = "torch"
     engine_model: str | None = None
     compute_type: str = "default"
+    compile: bool = False
     threads: int | None = None
     progress: bool = True
     run_dir: str = MISSING

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_mt.model.config import ModelConfig
@@ -57,6 +58,12 @@ class SinusoidalPositionalEncoding(nn.Module):
             )
         return self.pe[offset : offset + length]
 
+    def at(self, position: Tensor) -> Tensor:
+        """The encoding of the positions in the long tensor ``position``: ``(*position.shape,
+        d_model)``, read without a host sync (a compiled decoding step passes its step as a
+        tensor)."""
+        return F.embedding(position, self.pe)  # a lookup, where pe[position] would sync
+
 
 class LearnedPositionalEncoding(nn.Module):
     """Learned absolute positions, the alternative the paper compares in Table 3 row (E)."""
@@ -75,6 +82,11 @@ class LearnedPositionalEncoding(nn.Module):
             )
         positions = torch.arange(offset, offset + length, device=self.embedding.weight.device)
         return self.embedding(positions)  # (length, d_model)
+
+    def at(self, position: Tensor) -> Tensor:
+        """The embedding of the positions in the long tensor ``position``: ``(*position.shape,
+        d_model)`` (see :meth:`SinusoidalPositionalEncoding.at`)."""
+        return self.embedding(position)
 
 
 class TransformerEmbedding(nn.Module):

@@ -53,6 +53,7 @@ class ServedModel:
         max_tokens: padded source tokens per engine batch (default: the checkpoint's
             ``data.eval_max_tokens``, as for ``transformer-mt-translate``).
         val_bleu: the validation BLEU the checkpoint stores, for ``GET /model``.
+        compiled: the torch engine decodes through its compiled step, for ``GET /model``.
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class ServedModel:
         val_bleu: float | None = None,
         tgt_lang: str | None = None,
         pool: WorkerPool | None = None,
+        compiled: bool = False,
     ) -> None:
         self.ensemble = list(ensemble)
         self.loaded = self.ensemble[0]
@@ -91,6 +93,8 @@ class ServedModel:
         self.threads = threads or torch.get_num_threads()
         #: engine worker processes that translate in this process' place (``None``: none)
         self.pool = pool
+        #: the torch engine decodes through its compiled step (here or in every worker)
+        self.compiled = compiled
         self.lanes = pool.count if pool is not None else lanes or 1
         self.val_bleu = val_bleu
 
@@ -107,6 +111,7 @@ class ServedModel:
         convert: Converter | None = None,
         tgt_lang: str | None = None,
         workers: int = 0,
+        compile: bool = False,
     ) -> ServedModel:
         """Load ``ckpt`` (each file read once, on the CPU) and open the engine ``engine``.
 
@@ -114,42 +119,45 @@ class ServedModel:
         ``convert`` writes one at start-up (:func:`~transformer_mt.inference.engine.open_engine`).
         ``workers``: engine worker processes that translate (0 = none: this process does),
         each with its share of ``threads`` (the cores when 0) and one lane; they open the same
-        engine, after this process has opened it once (so a bad option is found once, and a
-        converted CTranslate2 model is written once).
+        engine, after this process has opened it once (a bad option is found once, a converted
+        CTranslate2 model written once). ``compile``: the torch engine's compiled decoding step,
+        compiled before the first request for each thread count a call may run on.
         """
         if workers and lanes > 1:
-            raise ValueError(
-                f"--workers {workers} and --lanes {lanes}: each worker is one lane; set one of them"
-            )
+            raise ValueError(f"--workers {workers} and --lanes {lanes}: each worker is one lane; "
+                             "set one of them")  # fmt: skip
         paths = [ckpt] if isinstance(ckpt, (str, os.PathLike)) else list(ckpt)
         checkpoint = load_checkpoint(paths[0])
         first = build_model(checkpoint, paths[0], "cpu")
         val_bleu = stored_val_bleu(checkpoint)
         del checkpoint
         ensemble = [first, *(load_model(p, "cpu") for p in paths[1:])]
-        # CTranslate2's threads are fixed when it loads: from the service's worker thread its
-        # calls ran faster on one thread than on two at every batch size measured.
-        # CTranslate2's lanes are its inter_threads. One lane unless asked: two lanes on two
-        # cores served no more than one (docs/serve.md, "Batching").
+        # CTranslate2's threads are fixed when it loads: from the service's worker thread one ran
+        # faster than two at every batch size measured. Its lanes are its inter_threads; one
+        # unless asked: two lanes on two cores served no more than one (docs/serve.md).
         ct2_threads, lanes = threads or 1, lanes or 1
         decoder = open_engine(
             engine, ensemble, ct2_model=ct2_model, compute_type=compute_type,
             threads=ct2_threads if engine == "ctranslate2" else threads, convert=convert,
-            lanes=lanes if engine == "ctranslate2" else None,
+            lanes=lanes if engine == "ctranslate2" else None, compile=compile and not workers,
         )  # fmt: skip
+        if compile and not workers:
+            share = max(1, (threads or torch.get_num_threads()) // lanes)  # as _pin_threads
+            decoder.warm_up((1, share))  # type: ignore[attr-defined]  # the torch engine's
         pool = None
         if workers:
-            share = max(1, (threads or torch.get_num_threads()) // workers)
             model_dir = getattr(decoder, "model_dir", None)
             spec = WorkerSpec(
                 cls.open, tuple(str(p) for p in paths), engine=engine, compute_type=compute_type,
                 ct2_model=str(model_dir) if model_dir is not None else None,
-                threads=share, tgt_lang=tgt_lang,
+                threads=max(1, (threads or torch.get_num_threads()) // workers),
+                tgt_lang=tgt_lang, compile=compile,
             )  # fmt: skip
             pool = WorkerPool(spec, workers)
         return cls(
             ensemble, engine=decoder, engine_kind=engine, compute_type=compute_type,
             threads=threads, lanes=lanes, val_bleu=val_bleu, tgt_lang=tgt_lang, pool=pool,
+            compiled=compile,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -312,6 +320,7 @@ class ServedModel:
             "target_languages": loaded.tokenizer.target_languages or [loaded.tgt_lang],
             "engine": self.engine_kind,
             "compute_type": self.compute_type,
+            "compiled": self.compiled,
             "threads": self.threads,
             "lanes": self.lanes,
             "workers": self.pool.count if self.pool is not None else 0,

@@ -48,6 +48,7 @@ class WorkerSpec:
     engine: str = "torch"
     ct2_model: str | None = None
     compute_type: str | None = None
+    compile: bool = False
     threads: int = 1
     tgt_lang: str | None = None
 
@@ -65,6 +66,7 @@ def _serve(spec: WorkerSpec, conn: multiprocessing.connection.Connection, stop: 
         model = spec.opener(
             list(spec.ckpt), engine=spec.engine, ct2_model=spec.ct2_model,
             compute_type=spec.compute_type, threads=spec.threads, tgt_lang=spec.tgt_lang,
+            compile=spec.compile,
         )  # fmt: skip
     except Exception as err:  # the parent reports it as the start-up error
         conn.send(("error", f"{type(err).__name__}: {err}"))

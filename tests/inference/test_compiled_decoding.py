@@ -1,0 +1,69 @@
+"""The torch engine's compiled decoding step: the same outputs as the plain engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformer_mt.errors import SettingError
+from transformer_mt.inference.engine import TorchEngine, open_engine
+from transformer_mt.inference.search import SearchConfig
+from transformer_mt.model.transformer import Transformer
+
+from conftest import BOS, EOS, FIXTURES, random_batch, tiny_config
+
+
+def _outputs(engine: TorchEngine, src: torch.Tensor, search: SearchConfig) -> tuple:
+    """The n-best tokens, and their scores as one tensor."""
+    found = engine.decode_batch({"src": src}, search)
+    tokens = [[h.tokens for h in hyps] for hyps in found]
+    return tokens, torch.tensor([[h.score for h in hyps] for hyps in found])
+
+
+@pytest.mark.slow
+def test_compiled_engine_decodes_as_the_plain_engine() -> None:
+    """Greedy and beam search, one sentence and several, batches of new sizes and lengths
+    after the first (the compiled graph takes them without a new compile)."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config()).eval()
+    plain = TorchEngine(model, bos_id=BOS, eos_id=EOS)
+    compiled = TorchEngine(model, bos_id=BOS, eos_id=EOS, compile=True)
+    compiled.warm_up()
+    for batch, src_len in ((5, 7), (1, 4), (3, 11), (8, 9)):
+        src, _ = random_batch(batch=batch, src_len=src_len)
+        for search in (SearchConfig(), SearchConfig(beam_size=3, nbest=2)):
+            tokens, scores = _outputs(compiled, src, search)
+            expected_tokens, expected_scores = _outputs(plain, src, search)
+            assert tokens == expected_tokens
+            torch.testing.assert_close(scores, expected_scores, atol=1e-4, rtol=1e-5)
+
+
+def test_compile_refuses_int8_and_ctranslate2() -> None:
+    model = Transformer(tiny_config()).eval()
+    with pytest.raises(SettingError, match="compiled decoding step runs float weights"):
+        TorchEngine(model, bos_id=BOS, eos_id=EOS, compute_type="int8", compile=True)
+    with pytest.raises(SettingError, match="compile applies to the torch engine"):
+        open_engine("ctranslate2", [], compile=True)
+
+
+def test_warm_up_without_compile_does_nothing() -> None:
+    engine = TorchEngine(Transformer(tiny_config()).eval(), bos_id=BOS, eos_id=EOS)
+    engine.warm_up()
+    assert engine.steps is None
+
+
+@pytest.mark.slow
+def test_a_compiled_service_translates_as_the_plain_one() -> None:
+    """The service compiles before its first request and says so in ``GET /model``."""
+    from transformer_mt.serve.model import ServedModel
+
+    ckpt = FIXTURES / "format_v1" / "model.ckpt"
+    lines = ["Zwei Männer stehen am Herd.", "Ein Hund.", ""]
+    plain = ServedModel.open(ckpt)
+    compiled = ServedModel.open(ckpt, compile=True)
+    assert compiled.info()["compiled"] and not plain.info()["compiled"]
+    for beam in (1, 3):
+        search = plain.search(beam_size=beam)
+        assert [t.text for t in compiled.translate(lines, search)] == [
+            t.text for t in plain.translate(lines, search)
+        ]
