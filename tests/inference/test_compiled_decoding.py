@@ -38,6 +38,30 @@ def test_compiled_engine_decodes_as_the_plain_engine() -> None:
             torch.testing.assert_close(scores, expected_scores, atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.slow
+def test_compiled_engines_of_one_shape_each_reach_their_own_graph() -> None:
+    """Two models of one shape alone and as an ensemble: four compiled steps of one code, each
+    graph with its model's weights frozen in. Every call reaches its own graph, also once the
+    guards are skipped (the second round)."""
+    torch.manual_seed(1)
+    a, b = (Transformer(tiny_config()).eval() for _ in range(2))
+    pairs = [
+        (
+            TorchEngine(m, bos_id=BOS, eos_id=EOS, compile=True),
+            TorchEngine(m, bos_id=BOS, eos_id=EOS),
+        )
+        for m in (a, b, [a, b])
+    ]
+    src, _ = random_batch(batch=4, src_len=8)
+    for _ in range(2):
+        for search in (SearchConfig(), SearchConfig(beam_size=3)):
+            for compiled, plain in pairs:
+                tokens, scores = _outputs(compiled, src, search)
+                expected_tokens, expected_scores = _outputs(plain, src, search)
+                assert tokens == expected_tokens
+                torch.testing.assert_close(scores, expected_scores, atol=1e-4, rtol=1e-5)
+
+
 def test_compile_refuses_int8_and_ctranslate2() -> None:
     model = Transformer(tiny_config()).eval()
     with pytest.raises(SettingError, match="compiled decoding step runs float weights"):

@@ -39,6 +39,11 @@ MIN_ROWS = 2
 COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True}
 
 
+#: Calls without a fitting graph after which a thread count's guards are always checked
+#: (a graph is compiled at the first such call; later misses mean the shapes keep changing).
+MAX_MISSES = 3
+
+
 def _at_least_two(rows: Tensor) -> Tensor:
     """Row indices ``rows (n,)``, the first repeated where ``n`` is 1 (see :data:`MIN_ROWS`)."""
     return rows if rows.numel() >= MIN_ROWS else rows[:1].repeat(MIN_ROWS)
@@ -97,8 +102,8 @@ class DecodingStep:
             if compile
             else self.step
         )
-        #: the thread counts a compiled graph exists for
-        self._compiled_for: set[int] = set()
+        #: per thread count, the calls that found no graph with the guards skipped
+        self._misses: dict[int, int] = {}
 
     @torch.no_grad()
     def start(self, memory: Tensor, src_mask: Tensor, length: int) -> StepState:
@@ -134,15 +139,18 @@ class DecodingStep:
             cross_v=state.cross_v, src_mask=state.src_mask,
         )  # fmt: skip
         threads = torch.get_num_threads()
-        if not self.compiled or threads not in self._compiled_for:
-            out = self._step(token, position, **inputs)
-            self._compiled_for.add(threads)
-            return out[:rows]
-        # Checking every guard of the graph (each weight, each input's layout) costs about as
-        # much as the step itself. The state's tensors are built here, always alike; what
-        # tells the graphs apart (the thread count) is still checked.
-        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-            return self._step(token, position, **inputs)[:rows]
+        if self.compiled and self._misses.get(threads, 0) < MAX_MISSES:
+            # Checking every guard of the graph (each weight, each input's layout) costs about
+            # as much as the step itself. The state's tensors are built here, always alike;
+            # what tells the graphs apart (the thread count) is still checked.
+            try:
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                    return self._step(token, position, **inputs)[:rows]
+            except RuntimeError as err:  # no graph fits: refused before anything ran
+                if "Recompilation triggered" not in str(err):
+                    raise
+                self._misses[threads] = self._misses.get(threads, 0) + 1
+        return self._step(token, position, **inputs)[:rows]  # every guard checked
 
     def step(
         self,
