@@ -152,7 +152,7 @@ def open_translator(args: argparse.Namespace) -> Translator:
     )
     if getattr(args, "compile", False):
         if not args.quiet:  # the commands log warnings only: say why the first minute is quiet
-            print("compiling the decoding step (about a minute on 2 cores)", file=sys.stderr)
+            print("compiling the decoding step (up to a minute on 2 cores)", file=sys.stderr)
         engine.warm_up()  # type: ignore[attr-defined]  # the torch engine's
     return Translator(
         loaded,

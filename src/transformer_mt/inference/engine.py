@@ -132,7 +132,7 @@ class TorchEngine:
         if self.steps is None:
             return
         counts = list(dict.fromkeys(threads)) or [torch.get_num_threads()]
-        log.info("compiling the decoding step (once per process; about a minute on 2 cores)")
+        log.info("compiling the decoding step (once per process; up to a minute on 2 cores)")
         started, before = time.perf_counter(), torch.get_num_threads()
         pad, ids = self.models[0].pad_id, (self.bos_id, self.eos_id, self.models[0].pad_id)
         src = torch.full((3, 7), max(ids) + 1, device=self.device)  # no special id
