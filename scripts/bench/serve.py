@@ -229,9 +229,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         lines_file = Path(tmp) / "lines.json"
         lines_file.write_text(json.dumps(lines), encoding="utf-8")
         try:
-            result["single"] = summary(
-                [clients(url, lines_file, "single", args.single_requests, beam)]
-            )
+            # The lone client and the same engine call in this process alternate in chunks
+            # of the same sentences, so that the service's share of a lone request is read
+            # from neighbouring minutes of a machine that may drift.
+            singles, stages = [], []
+            n = args.single_requests
+            for chunk in [n // rounds + (i < n % rounds) for i in range(rounds)]:
+                if chunk:
+                    singles.append(clients(url, lines_file, "single", chunk, beam))
+                    stages.append(engine_stages(args, model, lines[:chunk]))
+            result["single"] = summary(singles)
+            result["engine_stages_ms"] = {
+                name: statistics.median(s[name] for s in stages) for name in stages[0]
+            }
             # Offline and concurrent runs alternate, so drift of a shared machine hits both
             # alike; the clients run in their own process, as a user's would.
             for _ in range(rounds):
@@ -242,7 +252,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             proc.terminate()
             proc.wait(30)
-    result["engine_stages_ms"] = engine_stages(args, model, lines[: args.single_requests])
     result["offline"] = {
         "seconds": offline_s,
         "sentences_per_s": len(lines) / statistics.median(offline_s),
