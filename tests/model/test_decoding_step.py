@@ -104,3 +104,17 @@ def test_one_step_per_model() -> None:
     src, _ = random_batch(batch=2)
     with pytest.raises(ValueError, match="2 models need as many decoding steps, got 1"):
         _search(models, src, [DecodingStep(models[0])])
+
+
+def test_one_sentence_is_held_as_two_identical_rows() -> None:
+    """A single row would be a compiled graph of its own: the state doubles it, the step
+    answers for the one row asked."""
+    model = Transformer(tiny_config()).eval()
+    src, _ = random_batch(batch=1)
+    step = DecodingStep(model)
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        state = step.start(memory, src_mask, length=4)
+        out = step.log_probs(torch.tensor([[BOS]]), torch.tensor(0), state)
+    assert state.rows == 1 and state.self_k[0].size(0) == 2 and out.shape[0] == 1
+    torch.testing.assert_close(state.cross_k[0][0], state.cross_k[0][1])

@@ -109,7 +109,8 @@ class DecodingStep:
     def start(self, memory: Tensor, src_mask: Tensor, length: int) -> StepState:
         """The state before step 0 for ``memory (n, S, d_model)`` (the encoder output) and
         outputs of at most ``length`` tokens."""
-        rows = _at_least_two(torch.arange(memory.size(0), device=memory.device))
+        real = memory.size(0)
+        rows = _at_least_two(torch.arange(real, device=memory.device))
         memory, src_mask = memory[rows], src_mask[rows]
         n, c = memory.size(0), self.model.config.attention
         self_k, self_v, cross_k, cross_v = [], [], [], []
@@ -124,7 +125,7 @@ class DecodingStep:
             self_k.append(memory.new_zeros(n, c.n_heads, max(length, 2), c.d_k))
             self_v.append(memory.new_zeros(n, c.n_heads, max(length, 2), c.d_v))
         mask = src_mask.clone(memory_format=torch.contiguous_format)  # not a view, as later
-        return StepState(self_k, self_v, cross_k, cross_v, mask, rows=int(memory.size(0)))
+        return StepState(self_k, self_v, cross_k, cross_v, mask, rows=real)
 
     @torch.no_grad()
     def log_probs(self, token: Tensor, position: Tensor, state: StepState) -> Tensor:
