@@ -36,6 +36,9 @@ def test_compiled_engine_decodes_as_the_plain_engine() -> None:
             expected_tokens, expected_scores = _outputs(plain, src, search)
             assert tokens == expected_tokens
             torch.testing.assert_close(scores, expected_scores, atol=1e-4, rtol=1e-5)
+    # The warm-up's first call was the one that found no graph; none has missed since.
+    assert compiled.steps is not None
+    assert compiled.steps[0]._misses == {torch.get_num_threads(): 1}
 
 
 @pytest.mark.slow

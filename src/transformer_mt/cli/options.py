@@ -140,6 +140,7 @@ def open_translator(args: argparse.Namespace) -> Translator:
             cannot decode these checkpoints.
     """
     check_engine_flags(args)
+    compile = getattr(args, "compile", False)  # the commands that search have --compile
     device = resolve_device(args.device)
     loaded = [load_model(path, device) for path in args.ckpt]
     engine = open_engine(
@@ -148,9 +149,9 @@ def open_translator(args: argparse.Namespace) -> Translator:
         ct2_model=args.ct2_model,
         compute_type=args.compute_type,
         convert=converter(args.engine, args.ct2_model),
-        compile=getattr(args, "compile", False),
+        compile=compile,
     )
-    if getattr(args, "compile", False):
+    if compile:
         if not args.quiet:  # the commands log warnings only: say why the first minute is quiet
             print("compiling the decoding step (up to a minute on 2 cores)", file=sys.stderr)
         engine.warm_up()  # type: ignore[attr-defined]  # the torch engine's

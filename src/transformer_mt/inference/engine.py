@@ -14,7 +14,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +75,6 @@ class TorchEngine:
         if compute_type == "int8":
             self.models = [quantize_int8(m) for m in self.models]
         self.bos_id, self.eos_id = bos_id, eos_id
-        self.compiled = compile
         self.steps = [DecodingStep(m, compile=True) for m in self.models] if compile else None
 
     @classmethod
@@ -125,7 +124,7 @@ class TorchEngine:
             out[row] = hyps
         return out
 
-    def warm_up(self, threads: Sequence[int] = ()) -> None:
+    def warm_up(self, threads: Iterable[int] = ()) -> None:
         """Compile the decoding step now rather than in the first search (a no-op unless
         ``compile``), for each of ``threads`` (torch's thread counts the engine will run
         under; default: the current one): PyTorch compiles a graph per thread count."""
@@ -134,8 +133,8 @@ class TorchEngine:
         counts = list(dict.fromkeys(threads)) or [torch.get_num_threads()]
         log.info("compiling the decoding step (once per process; up to a minute on 2 cores)")
         started, before = time.perf_counter(), torch.get_num_threads()
-        pad, ids = self.models[0].pad_id, (self.bos_id, self.eos_id, self.models[0].pad_id)
-        src = torch.full((3, 7), max(ids) + 1, device=self.device)  # no special id
+        pad = self.models[0].pad_id
+        src = torch.full((3, 7), max(self.bos_id, self.eos_id, pad) + 1, device=self.device)
         src[:, -1], src[1:, -2:] = self.eos_id, pad  # some padding, as real batches have
         src[1:, -3] = self.eos_id
         try:

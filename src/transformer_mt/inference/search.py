@@ -292,7 +292,7 @@ class _Decoding:
             else:
                 logits = model.decode(prefix, memory, src_mask)
             out.append(logits[:, -1].float().log_softmax(dim=-1))  # (n, V)
-        return out[0] if len(out) == 1 else torch.stack(out).mean(dim=0)
+        return _ensemble_mean(out)
 
     def select(self, rows: Tensor) -> None:
         """Keep (and order) the rows ``rows`` of every model's memory, mask and cache."""
@@ -330,8 +330,9 @@ class _SteppedDecoding:
         """As :meth:`_Decoding.log_probs`."""
         # The step as a tensor of its own (not a view): a compiled step reads it as data.
         token, position = prefix[:, -1:], torch.tensor(step, device=prefix.device)
-        out = [s.log_probs(token, position, state) for s, state in zip(self.steps, self.states)]
-        return out[0] if len(out) == 1 else torch.stack(out).mean(dim=0)
+        return _ensemble_mean(
+            [s.log_probs(token, position, state) for s, state in zip(self.steps, self.states)]
+        )
 
     def select(self, rows: Tensor) -> None:
         for state in self.states:
@@ -340,6 +341,11 @@ class _SteppedDecoding:
     def reorder_beams(self, rows: Tensor) -> None:
         for state in self.states:
             state.reorder_self(rows)
+
+
+def _ensemble_mean(lprobs: list[Tensor]) -> Tensor:
+    """The mean of the models' log-probabilities ``(n, V)`` each (one model: its own)."""
+    return lprobs[0] if len(lprobs) == 1 else torch.stack(lprobs).mean(dim=0)
 
 
 def _decoding(

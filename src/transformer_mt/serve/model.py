@@ -141,9 +141,6 @@ class ServedModel:
             threads=ct2_threads if engine == "ctranslate2" else threads, convert=convert,
             lanes=lanes if engine == "ctranslate2" else None, compile=compile and not workers,
         )  # fmt: skip
-        if compile and not workers:
-            share = max(1, (threads or torch.get_num_threads()) // lanes)  # as _pin_threads
-            decoder.warm_up((1, share))  # type: ignore[attr-defined]  # the torch engine's
         pool = None
         if workers:
             model_dir = getattr(decoder, "model_dir", None)
@@ -154,22 +151,29 @@ class ServedModel:
                 tgt_lang=tgt_lang, compile=compile,
             )  # fmt: skip
             pool = WorkerPool(spec, workers)
-        return cls(
+        served = cls(
             ensemble, engine=decoder, engine_kind=engine, compute_type=compute_type,
             threads=threads, lanes=lanes, val_bleu=val_bleu, tgt_lang=tgt_lang, pool=pool,
             compiled=compile,
         )  # fmt: skip
+        if compile and not workers:  # (workers compile their own)
+            decoder.warm_up({served._threads_for(rows) for rows in (1, ONE_THREAD_ROWS)})
+        return served
 
     def close(self) -> None:
         """Stop the worker processes, if any (the model itself needs no closing)."""
         if self.pool is not None:
             self.pool.close()
 
+    def _threads_for(self, rows: int) -> int:
+        """The thread count :meth:`_pin_threads` sets for a call of ``rows`` rows."""
+        return 1 if rows < ONE_THREAD_ROWS else max(1, self.threads // self.lanes)
+
     def _pin_threads(self, rows: int) -> None:
         """Torch's intra-op thread count for a call of ``rows`` rows, set on the calling
         (worker) thread: one for a small call, the lane's share of :attr:`threads` for a large
         one (the lanes together never ask for more threads than there are)."""
-        want = 1 if rows < ONE_THREAD_ROWS else max(1, self.threads // self.lanes)
+        want = self._threads_for(rows)
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)
 
