@@ -9,6 +9,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT, package_source
 
 
@@ -24,6 +26,7 @@ def build_wheel(tmp_path: Path) -> tuple[Path, str]:
     return wheel, built.stdout + built.stderr
 
 
+@pytest.mark.slow  # a wheel build from a copy of the tree
 def test_the_wheel_builds_without_warnings_and_holds_the_configs(tmp_path: Path) -> None:
     wheel, output = build_wheel(tmp_path)
     assert "Package would be ignored" not in output and "Warning" not in output, output

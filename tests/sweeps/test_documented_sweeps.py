@@ -41,7 +41,16 @@ def test_the_docs_show_optuna_sweeps() -> None:
     assert len(documented_sweeps()) >= 5
 
 
-@pytest.mark.parametrize("where, command", documented_sweeps())
+def sweep_cases() -> list:
+    """The README's first sweep in the default suite, every other one with the slow tests
+    (each case is a start-up of train.py)."""
+    return [
+        pytest.param(where, command, marks=[pytest.mark.slow] if i else [])
+        for i, (where, command) in enumerate(documented_sweeps())
+    ]
+
+
+@pytest.mark.parametrize("where, command", sweep_cases())
 def test_a_documented_sweep_starts(where: str, command: str, tmp_path: Path) -> None:
     args = [
         a

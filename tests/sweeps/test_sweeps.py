@@ -215,9 +215,21 @@ def test_optuna_sweep_prunes_a_trial_below_the_median_and_records_it(tmp_path: P
     ("overrides", "message"),
     [
         (["optimizer.lrr=choice(1e-3,2e-3)"], r"search space: unknown parameter 'optimizer\.lrr'"),
-        (["optimizer.lr=interval(1e-2,1e-4)"], r"need low < high"),
-        (["hydra.sweeper.storage=postgresql+psycopg://nobody@127.0.0.1:9/none"], "cannot open"),
-        (["hydra.sweeper.enqueue=[{model.dropout:0.5}]"], r"model\.dropout=0\.5 is outside"),
+        # The first case holds the rule in the default suite; each further one costs a
+        # start-up of train.py, so they run with the slow tests.
+        pytest.param(
+            ["optimizer.lr=interval(1e-2,1e-4)"], r"need low < high", marks=pytest.mark.slow
+        ),
+        pytest.param(
+            ["hydra.sweeper.storage=postgresql+psycopg://nobody@127.0.0.1:9/none"],
+            "cannot open",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            ["hydra.sweeper.enqueue=[{model.dropout:0.5}]"],
+            r"model\.dropout=0\.5 is outside",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_bad_sweep_input_is_one_error_line_before_any_trial(
@@ -232,6 +244,7 @@ def test_bad_sweep_input_is_one_error_line_before_any_trial(
     assert not list(sweep_dir.glob("*/sweep_result.json"))  # no trial ran
 
 
+@pytest.mark.slow  # whole sweeps in subprocesses: the grid and pruning tests hold the path
 def test_a_worker_stops_when_trial_after_trial_fails(tmp_path: Path) -> None:
     """Every draw is invalid (32 % 3 != 0): two failures in a row end the worker, exit 1."""
     proc = run_sweep(
@@ -248,6 +261,7 @@ def test_a_worker_stops_when_trial_after_trial_fails(tmp_path: Path) -> None:
     assert [t.state.name for t in _study(tmp_path).trials] == ["FAIL", "FAIL"]
 
 
+@pytest.mark.slow  # whole sweeps in subprocesses: the grid and pruning tests hold the path
 def test_trials_that_end_before_their_first_validation_stop_the_sweep(tmp_path: Path) -> None:
     """No metric is a failure toward the stop rule: the sweep ends by itself, saying why (it
     ran 271 replacement trials in 500 s and went on)."""
@@ -262,6 +276,7 @@ def test_trials_that_end_before_their_first_validation_stop_the_sweep(tmp_path: 
     assert [t.state.name for t in _study(tmp_path).trials] == ["FAIL", "FAIL"]
 
 
+@pytest.mark.slow  # whole sweeps in subprocesses: the grid and pruning tests hold the path
 def test_a_study_reused_with_another_space_is_refused_leaving_no_running_trial(
     tmp_path: Path,
 ) -> None:
@@ -285,6 +300,7 @@ def test_a_study_reused_with_another_space_is_refused_leaving_no_running_trial(
     assert [t.state.name for t in _study(tmp_path).trials] == ["COMPLETE"]
 
 
+@pytest.mark.slow  # whole sweeps in subprocesses: the grid and pruning tests hold the path
 def test_a_study_of_the_other_direction_or_an_unwritable_sweep_dir_is_refused(
     tmp_path: Path,
 ) -> None:
@@ -346,6 +362,7 @@ def test_a_resumed_study_continues_without_repeating_a_trial(tmp_path: Path) -> 
     assert sorted(row["trial"] for row in read_summary(tmp_path)) == ["0", "1", "2", "3"]
 
 
+@pytest.mark.slow  # whole sweeps in subprocesses: the grid and pruning tests hold the path
 def test_a_two_stage_study_in_a_journal_file_confirms_its_best_trial_once(tmp_path: Path) -> None:
     """2 trials of 2 epochs in Optuna's journal file, then the best one again at 3 epochs.
 

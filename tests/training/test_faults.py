@@ -126,6 +126,7 @@ def test_ctrl_c_saves_a_resumable_checkpoint(tmp_path: Path) -> None:
     interrupt(tmp_path, "SIGINT")
 
 
+@pytest.mark.slow  # the signal path is Ctrl-C's, held by the test above
 def test_sigterm_saves_a_resumable_checkpoint(tmp_path: Path) -> None:
     interrupt(tmp_path, "SIGTERM", at_step=11)
 
