@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from transformer_mt.model.embedding import TokenEmbedding, TransformerEmbedding
 from transformer_mt.model.transformer import ModelConfig
-from transformer_mt.provenance import cpu_model
+from transformer_mt.provenance import cpu_family, cpu_model
 
 #: JSON/markdown tables: a header and rows of already formatted cells.
 Table = tuple[str, list[str], list[list[str]]]
@@ -52,6 +52,8 @@ def environment() -> dict[str, Any]:
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "cpu": cpu_model(),
+        # One model name covers machines of different speeds; the family tells them apart.
+        "cpu_family": cpu_family(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
@@ -64,7 +66,9 @@ def environment_line(env: dict[str, Any]) -> str:
     """One line that goes beside every printed figure: CPU model, threads, machine load."""
     load = env.get("load_average")
     parts = [
-        f"CPU: {env['cpu']}" + (f" ({env['cpu_capability']})" if env.get("cpu_capability") else ""),
+        f"CPU: {env['cpu']}"
+        + (f", family {env['cpu_family']}" if env.get("cpu_family") is not None else "")
+        + (f" ({env['cpu_capability']})" if env.get("cpu_capability") else ""),
         f"GPU: {env['cuda']}" if env.get("cuda") else None,
         f"{env['threads']} intra-op threads" if env.get("threads") else None,
         f"OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}" if env.get("OMP_WAIT_POLICY") else None,
