@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from torch import Tensor, nn
 
 from transformer_mt.model.embedding import TokenEmbedding, TransformerEmbedding
 from transformer_mt.model.transformer import ModelConfig
-from transformer_mt.provenance import cpu_family, cpu_model
+from transformer_mt.provenance import machine
 
 #: JSON/markdown tables: a header and rows of already formatted cells.
 Table = tuple[str, list[str], list[list[str]]]
@@ -45,19 +44,12 @@ def environment() -> dict[str, Any]:
     when torch loads); ``cuda`` names the GPU, if any.
     """
     return {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "threads": torch.get_num_threads(),
+        **machine(),  # CPU model and family, cores, threads, load, versions: as runs record
         "inter_op_threads": torch.get_num_interop_threads(),
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-        "cpu": cpu_model(),
-        # One model name covers machines of different speeds; the family tells them apart.
-        "cpu_family": cpu_family(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_count": os.cpu_count(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "time": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
     }
 
