@@ -41,6 +41,7 @@ from bench.common import (
     setup_torch,
     write_json,
 )
+from transformer_mt.cli.allocator import keep_freed_memory
 from transformer_mt.errors import guarded
 
 
@@ -128,4 +129,7 @@ if __name__ == "__main__":
     handler.setFormatter(logging.Formatter("%(message)s"))
     logging.getLogger("bench").addHandler(handler)
     logging.getLogger("bench").setLevel(logging.INFO)
+    # As train.py and evaluate.py do, so that the loops measured are the loops users run
+    # (TRANSFORMER_MT_MALLOC=default in the environment measures glibc's default instead).
+    keep_freed_memory()
     guarded(main)(sys.argv[1:])

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from transformer_mt.cli import allocator
 from transformer_mt.model.embedding import TokenEmbedding, TransformerEmbedding
 from transformer_mt.model.transformer import ModelConfig
 from transformer_mt.provenance import machine
@@ -41,11 +42,13 @@ def environment() -> dict[str, Any]:
     """What the numbers were measured on: versions, CPU, thread settings, load, UTC time.
 
     The OpenMP variables are recorded because they change CPU timings (OpenMP reads them once,
-    when torch loads); ``cuda`` names the GPU, if any.
+    when torch loads), and so is what malloc does with freed memory (cli/allocator.py);
+    ``cuda`` names the GPU, if any.
     """
     return {
         **machine(),  # CPU model and family, cores, threads, load, versions: as runs record
         "inter_op_threads": torch.get_num_interop_threads(),
+        "malloc": allocator.describe(),
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),

@@ -80,6 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precisions", nargs="+", default=["32-true", "bf16-mixed"], choices=PRECISIONS)
     p.add_argument("--no-torch", action="store_true", help="skip the nn.Transformer row")
     p.add_argument("--bare-only", action="store_true", help="only the bare-step rows")
+    p.add_argument("--no-real", action="store_true", help="skip the real Trainer loop rows")
     p.add_argument("--accelerator", default="cpu", help="cpu (default), gpu or auto")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides for the config")
@@ -357,7 +358,7 @@ def contenders(
     for precision in precisions:
         torch.manual_seed(args.seed)
         runs[f"bare {precision}"] = bare(Transformer(setup.config), precision)
-        if not args.bare_only:
+        if not (args.bare_only or args.no_real):
             runs[f"real {precision}"] = real(precision)
     if "32-true" in precisions and not args.no_torch and not args.bare_only:
         torch.manual_seed(args.seed)

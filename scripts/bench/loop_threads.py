@@ -50,20 +50,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_step_arguments(p)
 
 
-def bare_rate(args: argparse.Namespace, threads: int, policy: str, out: Path) -> float:
-    """Median bare fp32 tokens/s of one ``loop`` run in a fresh process."""
+def loop_in_process(
+    args: argparse.Namespace, options: list[str], env: dict[str, str], out: Path
+) -> dict[str, Any]:
+    """The JSON of one fp32 ``benchmark.py loop --repeats 1`` run in a fresh process with
+    ``env`` as its environment and ``options`` added to its command line."""
     command = [
         sys.executable,
         str(BENCHMARK),
         "loop",
-        "--bare-only",
-        "--no-torch",
         "--repeats",
         "1",
         "--precisions",
         "32-true",
-        "--threads",
-        str(threads),
         "--steps",
         str(args.steps),
         "--warmup",
@@ -74,9 +73,16 @@ def bare_rate(args: argparse.Namespace, threads: int, policy: str, out: Path) ->
         str(args.data_dir),
         "--out",
         str(out),
+        *options,
     ] + (["--quick"] if args.quick else [])
-    subprocess.run(command, env=waiting_env(policy), check=True, capture_output=True)
-    return json.loads(out.read_text())["rows"][0]["tokens_per_s"]
+    subprocess.run(command, env=env, check=True, capture_output=True)
+    return json.loads(out.read_text())
+
+
+def bare_rate(args: argparse.Namespace, threads: int, policy: str, out: Path) -> float:
+    """Median bare fp32 tokens/s of one ``loop`` run in a fresh process."""
+    options = ["--bare-only", "--no-torch", "--threads", str(threads)]
+    return loop_in_process(args, options, waiting_env(policy), out)["rows"][0]["tokens_per_s"]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -101,6 +101,25 @@ def test_bad_option_is_one_error_line(benchmark, capsys: pytest.CaptureFixture[s
 
 
 @pytest.mark.slow
+def test_loop_malloc_quick(benchmark, tmp_path: Path) -> None:
+    """Each malloc setting runs in its own process and reports ours, nn.Transformer and faults.
+
+    The quick model's tensors are too small for glibc to map them apart, so the faults are not
+    compared here: tests/cli/test_allocator.py holds what the setting does to large blocks.
+    """
+    out = tmp_path / "loop_malloc.json"
+    args = ["loop-malloc", "--quick", "--repeats", "1", "--data", "generated", "--out", str(out)]
+    result = benchmark.main(args)["loop-malloc"]
+    assert json.loads(out.read_text()) == result
+    rows = {row["setting"]: row for row in result["rows"]}
+    assert set(rows) == {"kept", "glibc default"}
+    for row in rows.values():
+        assert _positive(row["ours_tokens_per_s"]) and _positive(row["torch_tokens_per_s"])
+        assert row["minor_faults"] > 0
+    assert result["goals"][0]["goal"].startswith("training step >= 1.5x nn.Transformer")
+
+
+@pytest.mark.slow
 def test_engines_quick_random_model(benchmark, tmp_path: Path) -> None:
     pytest.importorskip("ctranslate2", reason="the export extra is not installed")
     out = tmp_path / "engines.json"

@@ -13,6 +13,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
+from transformer_mt.cli.allocator import keep_freed_memory
 from transformer_mt.cli.hydra_app import CONFIG_DIR, register_configs, search_keys, spelled
 from transformer_mt.errors import guarded, run_entry_point
 
@@ -33,6 +34,7 @@ def _main(cfg: DictConfig) -> Any:
 
 def main() -> None:
     """The command: register the schemas, then let Hydra compose and run."""
+    keep_freed_memory()  # a step's large tensors reuse mapped pages (cli/allocator.py)
     register_configs()
     run_entry_point(_main)
 
