@@ -51,3 +51,25 @@ def test_seeded_runs_draw_the_same_mask() -> None:
     torch.manual_seed(3)
     b = Dropout(0.2).train()(x)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_four_decisions_cut_from_one_random_word_are_independent(dtype: torch.dtype) -> None:
+    """Each 64-bit draw gives four neighbouring elements their decisions: pairs of neighbours
+    (within a word and across words) must be kept together as often as independent draws
+    would be (the kept fraction squared), in float32 and bfloat16 alike."""
+    torch.manual_seed(0)
+    p = 0.3
+    kept = Dropout(p).train()(torch.ones(200_003, dtype=dtype)) != 0  # not a multiple of 4
+    rate = kept.float().mean().item()
+    assert rate == pytest.approx(1 - p, abs=0.004)  # std of the fraction ~0.001
+    for offset in (1, 2, 3, 4):  # neighbours in one word (1-3) and in the next (4)
+        both = (kept[:-offset] & kept[offset:]).float().mean().item()
+        # Independent: both / rate**2 = 1 (std ~0.003); one decision copied four times: 1 / rate.
+        assert both / rate**2 == pytest.approx(1.0, abs=0.012)
+
+
+def test_odd_shapes_and_empty_tensors() -> None:
+    drop = Dropout(0.5).train()
+    assert drop(torch.ones(3, 5, 7)).shape == (3, 5, 7)
+    assert drop(torch.ones(0, 4)).shape == (0, 4)
