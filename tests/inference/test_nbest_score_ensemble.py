@@ -109,12 +109,20 @@ def test_score_of_a_beam_output_is_the_score_the_search_reported(
     assert score_main([*args, "--tokens"]) == 0
     rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
     assert len(rows) == len(sources)
+    same_tokens = 0
     for row, translation in zip(rows, found):
         total, n, mean, per_token, tokens = row
-        assert abs(float(total) - translation.score) < 1e-3  # printed to 4 decimals
-        assert int(n) == len(translation.hypotheses[0].tokens) + 1 == len(tokens.split())
+        assert int(n) == len(tokens.split())
         assert abs(float(mean) - float(total) / int(n)) < 1e-3
         assert abs(sum(map(float, per_token.split())) - float(total)) < 2e-3
+        if int(n) != len(translation.hypotheses[0].tokens) + 1:
+            # The text of a barely trained model's output can be a run of one piece
+            # ("oooo...") that BPE segments otherwise when it reads the text again: another
+            # token sequence, with another score.
+            continue
+        same_tokens += 1
+        assert abs(float(total) - translation.score) < 1e-3  # printed to 4 decimals
+    assert same_tokens >= 2, "too few outputs read back as the tokens the search made"
     # The library call, unrounded: equal to 1e-4.
     ids = translator.encode(sources)
     exact = translator.log_probs(ids, [hyps[0].tokens for hyps in translator.decode_ids(ids)])
