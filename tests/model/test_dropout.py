@@ -73,3 +73,13 @@ def test_odd_shapes_and_empty_tensors() -> None:
     drop = Dropout(0.5).train()
     assert drop(torch.ones(3, 5, 7)).shape == (3, 5, 7)
     assert drop(torch.ones(0, 4)).shape == (0, 4)
+
+
+def test_p_within_the_rounding_of_1_drops_everything() -> None:
+    """p rounds to a multiple of 2**-16; one that rounds to 1 must drop all, not wrap around
+    the 16-bit threshold and keep all (scaled by a huge 1 / (1 - p))."""
+    torch.manual_seed(0)
+    residual = torch.ones(1000)
+    drop = Dropout(1 - 2**-18).train()
+    assert int((drop(torch.ones(1000)) != 0).sum()) == 0
+    torch.testing.assert_close(drop.add(residual, torch.ones(1000)), residual)

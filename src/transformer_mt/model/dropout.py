@@ -31,13 +31,15 @@ UNIFORMS_PER_WORD = 4
 
 def keep_mask(like: Tensor, p: float) -> Tensor:
     """A scaled keep-mask shaped like ``like``: ``1 / (1 - p)`` where kept, 0 where dropped."""
+    # Keep when uniform >= threshold: 2**16 * (1 - p) of the 2**16 values, p rounded to 2**-16.
+    threshold = round(p * 2**16) - 2**15
+    if threshold >= 2**15:  # p rounds to 1 (and int16 cannot hold 2**15): drop everything
+        return torch.zeros_like(like)
     n = like.numel()
     words = torch.empty(-(-n // UNIFORMS_PER_WORD), dtype=torch.int64, device=like.device)
     # The full 64-bit range: every bit of every word is uniform, so are its four int16 views.
     words.random_(-(2**63), None)
     uniform = words.view(torch.int16)[:n].view(like.shape)  # uniform over [-2**15, 2**15)
-    # Keep when uniform >= threshold: 2**16 * (1 - p) of the 2**16 values, p rounded to 2**-16.
-    threshold = round(p * 2**16) - 2**15
     return (uniform >= threshold).to(like.dtype).mul_(1.0 / (1.0 - p))
 
 
