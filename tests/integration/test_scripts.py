@@ -131,3 +131,16 @@ def test_record_run_writes_a_record_and_replaces_only_its_own(
     other = [str(tiny_run_dir), "--name", "notes", "--out", str(tmp_path / "runs")]
     assert record_main(other) == 2  # not a record: never replaced
     assert (tmp_path / "runs" / "notes.json").read_text(encoding="utf-8") == "{}"
+
+
+def test_record_counts_the_steps_of_a_run_ended_between_log_rows(tmp_path: Path) -> None:
+    from transformer_mt.checkpoint import save_checkpoint
+
+    (tmp_path / "csv").mkdir()
+    rows = ["epoch,step,train/tokens_per_sec,val/bleu", "0,25,1000,", "0,49,,10.0"]
+    (tmp_path / "csv" / "metrics.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    facts = script("record_run").training_facts
+    assert facts(tmp_path)["steps"] == 49  # no checkpoint: the last logged row
+    (tmp_path / "checkpoints").mkdir()
+    save_checkpoint({"state_dict": {}, "global_step": 56}, tmp_path / "checkpoints" / "last.ckpt")
+    assert facts(tmp_path)["steps"] == 56  # max_steps ended it past the last logged row
