@@ -233,3 +233,17 @@ def test_progress_bar_shows_the_time_left_and_no_fake_epoch_count() -> None:
     assert bar._get_train_description(20).strip() == "Epoch 20"
     Trainer.max_epochs = 3
     assert bar._get_train_description(1).strip() == "Epoch 1/2"
+
+
+def test_a_step_budget_ending_mid_epoch_validates_its_last_steps(tmp_path: Path) -> None:
+    max_steps = 15
+    overrides = [*FAST_TRAIN, "trainer.max_epochs=null", f"trainer.max_steps={max_steps}"]
+    run(compose_train(tmp_path, [*overrides, "test_after_fit=false"]))
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    batches = last["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+    assert not batches["is_last_batch"], "the budget must end part-way through an epoch"
+    assert last["global_step"] == max_steps
+    rows = list(csv.DictReader((tmp_path / "csv" / "metrics.csv").open()))
+    # Lightning logs a validation at the index of the step before it (epoch ends alike).
+    assert [int(r["step"]) + 1 for r in rows if r.get("val/bleu")] == [max_steps]
+    assert list((tmp_path / "checkpoints").glob(f"best-*-step{max_steps:06d}-*.ckpt"))

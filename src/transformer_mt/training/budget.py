@@ -19,8 +19,11 @@ machine or a slow one:
   the final one may be the first), then the duration of the latest validation, so the
   annealed weights are validated, checkpointed and tested.
 
-Without ``trainer.max_time`` it does nothing: step and epoch budgets are exact (and resume
-bit-identically); a time budget cannot be, since no two runs see the same clock.
+Without ``trainer.max_time`` the clock does nothing: step and epoch budgets are exact (and
+resume bit-identically); a time budget cannot be, since no two runs see the same clock. A step
+budget is still ended as an early stop, so that Lightning validates (and checkpoints) the last
+steps when ``trainer.max_steps`` falls part-way through an epoch: it validates at epoch ends
+and on an early stop, not on reaching ``max_steps``.
 """
 
 from __future__ import annotations
@@ -186,6 +189,12 @@ class TrainingBudget(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
     ) -> None:
+        max_steps = trainer.max_steps
+        if max_steps not in (None, -1) and trainer.global_step >= max_steps:
+            if not trainer.should_stop:
+                trainer.should_stop = True
+                log.info("step budget reached at step %d: a last validation follows", max_steps)
+            return
         horizon = self.horizon()
         if horizon is None or self._stopped:
             return
