@@ -264,15 +264,16 @@ def test_a_worker_stops_when_trial_after_trial_fails(tmp_path: Path) -> None:
 @pytest.mark.slow  # whole sweeps in subprocesses: the grid and pruning tests hold the path
 def test_trials_that_end_before_their_first_validation_stop_the_sweep(tmp_path: Path) -> None:
     """No metric is a failure toward the stop rule: the sweep ends by itself, saying why (it
-    ran 271 replacement trials in 500 s and went on)."""
+    ran 271 replacement trials in 500 s and went on). A step budget ends with a validation, so
+    these trials validate every 5th epoch and end within the first."""
     proc = run_sweep(
-        tmp_path, *OPTUNA, "trainer.max_steps=2", "hydra.sweeper.n_trials=2",
-        "hydra.sweeper.max_failures_in_a_row=2",
+        tmp_path, *OPTUNA, "trainer.max_steps=2", "trainer.check_val_every_n_epoch=5",
+        "hydra.sweeper.n_trials=2", "hydra.sweeper.max_failures_in_a_row=2",
     )  # fmt: skip
     assert proc.returncode == 1, _explain(proc)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert "no value of the optimized metric" in errors[-1], errors
-    assert "trainer.max_steps" in errors[-1]
+    assert "trainer.check_val_every_n_epoch" in errors[-1]
     assert [t.state.name for t in _study(tmp_path).trials] == ["FAIL", "FAIL"]
 
 

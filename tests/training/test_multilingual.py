@@ -156,6 +156,7 @@ def test_the_many_to_english_preset_trains_on_multi30k(tmp_path: Path) -> None:
                 "experiment=multi30k_many_en",
                 "trainer.max_time=null",
                 "trainer.max_steps=2",
+                "trainer.limit_val_batches=0",  # a step budget ends validated: not needed here
                 "test_after_fit=false",
                 "data.cache_dir=null",
                 "trainer.precision=32-true",

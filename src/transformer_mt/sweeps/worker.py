@@ -61,8 +61,9 @@ def _why_failed(job: JobReturn) -> str:
         return " ".join(str(job._return_value).split())[:300]
     return (
         "no value of the optimized metric (the trial ended before its first validation, or "
-        "validation gave none); validate inside the budget: raise trainer.max_steps or lower "
-        "trainer.val_check_interval"
+        "validation gave none); validate inside the budget: lower "
+        "trainer.check_val_every_n_epoch or trainer.val_check_interval, keep "
+        "trainer.limit_val_batches above 0, and name a logged metric in optimized_metric"
     )
 
 
