@@ -46,27 +46,24 @@ def training_facts(run_dir: Path) -> dict[str, Any]:
     steps = [int(r["step"]) for r in rows if r.get("step")]
     return {
         "epochs": max((e for e, _ in val), default=-1) + 1,  # validations at epoch ends
-        "steps": max([*steps, *optimizer_steps(run_dir)], default=0),
+        "steps": max([*steps, final_step(run_dir)], default=0),
         "target_tokens_per_s_median": round(statistics.median(speeds)) if speeds else None,
         "validations": len(val),
         "best_val_bleu": round(max((b for _, b in val), default=float("nan")), 2),
     }
 
 
-def optimizer_steps(run_dir: Path) -> list[int]:
-    """last.ckpt's global step, when the run kept one.
+def final_step(run_dir: Path) -> int:
+    """last.ckpt's global step (0 without one).
 
     metrics.csv has a row only every log_every_n_steps, so a run ended by
-    trainer.max_steps logs a step short of the steps it took; the checkpoint saved at the
-    end holds the count itself.
+    trainer.max_steps can end up to that many steps after its last row; the checkpoint saved
+    at the end holds the count itself.
     """
     from transformer_mt.checkpoint import load_checkpoint
 
     last = run_dir / "checkpoints" / "last.ckpt"
-    if not last.is_file():
-        return []
-    step = load_checkpoint(last).get("global_step")
-    return [int(step)] if step is not None else []
+    return int(load_checkpoint(last).get("global_step") or 0) if last.is_file() else 0
 
 
 def run_settings(run_dir: Path) -> dict[str, Any]:
