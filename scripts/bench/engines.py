@@ -286,16 +286,31 @@ def bench_checkpoint(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         sources, refs = sources[: args.limit], refs[: args.limit]
     results: dict[str, Any] = {}
     for beam in args.beams:
-        row: dict[str, Any] = {}
-        for name, fn in checkpoint_contenders(e, sources, beam, args.batch).items():
+        contenders = checkpoint_contenders(e, sources, beam, args.batch)
+        outputs: dict[str, list[str]] = {}
+
+        def timed(name: str, fn: Callable[[int], list[str]]) -> Callable[[], None]:
+            def whole_set() -> None:
+                outputs[name] = fn(len(sources))  # identical every round: greedy and beam
+
+            return whole_set
+
+        for fn in contenders.values():
             fn(min(8, len(sources)))  # warm-up: lazy initialisation, allocator, thread pools
-            start = time.perf_counter()
-            hyps = fn(len(sources))
-            elapsed = time.perf_counter() - start
+        # Each round runs every engine over the whole set, the engines' order rotating, so a
+        # machine that drifts over the minutes moves every engine alike.
+        times = interleaved_times(
+            {name: timed(name, fn) for name, fn in contenders.items()}, args.repeats, warmup=0
+        )
+        row: dict[str, Any] = {}
+        for name, seconds in times.items():
+            median = statistics.median(seconds)
             row[name] = {
-                "seconds": elapsed,
-                "sentences_per_s": len(sources) / elapsed,
-                "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score,
+                "median_s": median,
+                "seconds_per_round": seconds,
+                "x_generate_per_round": [g / t for g, t in zip(times["transformers"], seconds)],
+                "sentences_per_s": len(sources) / median,
+                "bleu": sacrebleu.corpus_bleu(outputs[name], [refs]).score,
             }
         results[f"beam{beam}"] = row
     return {"model": str(args.ckpt), "sentences": len(sources), "results": results}
@@ -313,17 +328,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def tables(result: dict[str, Any]) -> list[Table]:
     beams = [b for b in result["results"] if not b.endswith("_output_tokens")]
-    has_bleu = "bleu" in next(iter(result["results"][beams[0]].values()))
+    first = next(iter(result["results"][beams[0]].values()))
+    has_bleu, has_rounds = "bleu" in first, "x_generate_per_round" in first
     header = ["engine"] + [f"{b} sent/s" for b in beams] + [f"{b} x generate" for b in beams]
+    if has_rounds:
+        header += [f"{b} x gen. rounds" for b in beams]
     if has_bleu:
         header += [f"{b} BLEU" for b in beams]
     rows = []
     for name in ENGINES:
-        speeds = [result["results"][b][name]["sentences_per_s"] for b in beams]
+        rows_of = [result["results"][b][name] for b in beams]
+        speeds = [r["sentences_per_s"] for r in rows_of]
         base = [result["results"][b]["transformers"]["sentences_per_s"] for b in beams]
         cells = [name] + [f"{s:.1f}" for s in speeds]
         cells += [f"{s / g:.2f}" for s, g in zip(speeds, base)]
+        if has_rounds:
+            cells += [
+                f"{min(r['x_generate_per_round']):.2f}-{max(r['x_generate_per_round']):.2f}"
+                for r in rows_of
+            ]
         if has_bleu:
-            cells += [f"{result['results'][b][name]['bleu']:.2f}" for b in beams]
+            cells += [f"{r['bleu']:.2f}" for r in rows_of]
         rows.append(cells)
     return [(f"Decode engines ({result['model']} model)", header, rows)]

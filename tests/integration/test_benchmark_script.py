@@ -141,6 +141,39 @@ def test_engines_quick_random_model(benchmark, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_engines_on_a_checkpoint_times_interleaved_rounds(benchmark, tmp_path: Path) -> None:
+    """With --ckpt every engine translates the whole set once per round: --repeats rounds
+    each, timed, the median reported, and the same translations every round."""
+    import argparse
+    import gzip
+
+    pytest.importorskip("ctranslate2", reason="the export extra is not installed")
+    from bench import engines
+
+    args = argparse.Namespace(**{k: v for k, v in engines.QUICK.items() if k != "beams"})
+    ckpt = engines.random_checkpoint(args, tmp_path / "random.ckpt")
+    data = tmp_path / "data"
+    data.mkdir()
+    sentences = [" ".join(f"w{5 + (i * 7 + j) % 50}" for j in range(3 + i % 4)) for i in range(6)]
+    for lang in ("xx", "yy"):  # the synthetic tokenizer's two languages
+        with gzip.open(data / f"test_2016_flickr.{lang}.gz", "wt") as f:
+            f.write("\n".join(sentences) + "\n")
+    out = tmp_path / "engines.json"
+    argv = ["engines", "--ckpt", str(ckpt), "--data-dir", str(data), "--beams", "1",
+            "--repeats", "2", "--batch", "4", "--threads", "1", "--out", str(out)]  # fmt: skip
+    result = benchmark.main(argv)["engines"]
+    assert json.loads(out.read_text()) == result
+    row = result["results"]["beam1"]
+    assert set(row) == set(engines.ENGINES)
+    for name, timing in row.items():
+        assert len(timing["seconds_per_round"]) == 2, name
+        assert timing["median_s"] == pytest.approx(sum(timing["seconds_per_round"]) / 2)
+        assert timing["sentences_per_s"] == pytest.approx(6 / timing["median_s"])
+        assert len(timing["x_generate_per_round"]) == 2 and 0 <= timing["bleu"] <= 100
+    assert row["transformers"]["x_generate_per_round"] == [1.0, 1.0]
+
+
+@pytest.mark.slow
 def test_sweep_benchmark_quick(benchmark, tmp_path: Path) -> None:
     """Four real (tiny) studies: the JSON holds each one's wall time, trials and the goals."""
     out = tmp_path / "sweep.json"
