@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -289,7 +288,9 @@ def bench_checkpoint(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         contenders = checkpoint_contenders(e, sources, beam, args.batch)
         outputs: dict[str, list[str]] = {}
 
-        def timed(name: str, fn: Callable[[int], list[str]]) -> Callable[[], None]:
+        def timed(
+            name: str, fn: Callable[[int], list[str]], outputs: dict[str, list[str]] = outputs
+        ) -> Callable[[], None]:
             def whole_set() -> None:
                 outputs[name] = fn(len(sources))  # identical every round: greedy and beam
 
