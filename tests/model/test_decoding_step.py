@@ -39,7 +39,8 @@ def test_step_log_probs_equal_cached_decode(overrides: dict) -> None:
             torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_step_state_follows_selected_and_reordered_rows() -> None:
+@pytest.mark.parametrize("written", [None, 3], ids=["every position", "the written ones"])
+def test_step_state_follows_selected_and_reordered_rows(written: int | None) -> None:
     torch.manual_seed(1)
     model = Transformer(tiny_config()).eval()
     src, tgt = random_batch(batch=4, tgt_len=6)
@@ -55,7 +56,7 @@ def test_step_state_follows_selected_and_reordered_rows() -> None:
         # both paths alike.
         rows, swap = torch.tensor([3, 1]), torch.tensor([1, 0])
         state.select(rows)
-        state.reorder_self(swap)
+        state.reorder_self(swap, written)
         memory, src_mask = memory[rows], src_mask[rows]
         for self_cache, cross_cache in cache:
             self_cache.reorder(rows)

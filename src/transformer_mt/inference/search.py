@@ -301,8 +301,9 @@ class _Decoding:
             for cache in state[2] or ():
                 _select_cache(cache, rows)
 
-    def reorder_beams(self, rows: Tensor) -> None:
-        """Beams moved within their sentence: only the self-attention caches follow.
+    def reorder_beams(self, rows: Tensor, written: int) -> None:
+        """Beams moved within their sentence: only the self-attention caches follow (each
+        holds the ``written`` positions so far).
 
         A sentence's K rows of cross-attention keys/values are identical, so they stay.
         """
@@ -338,9 +339,9 @@ class _SteppedDecoding:
         for state in self.states:
             state.select(rows)
 
-    def reorder_beams(self, rows: Tensor) -> None:
+    def reorder_beams(self, rows: Tensor, written: int) -> None:
         for state in self.states:
-            state.reorder_self(rows)
+            state.reorder_self(rows, written)
 
 
 def _ensemble_mean(lprobs: list[Tensor]) -> Tensor:
@@ -878,7 +879,7 @@ def beam_search(
         forcing.apply(lprobs, beam.alive.repeat_interleave(K), step)
         at_cap = step + 1 >= max_lens[beam.alive]  # (n,)
         _cap_to_eos(lprobs, at_cap.repeat_interleave(K), eos_id)
-        decoding.reorder_beams(beam.extend(lprobs, at_cap, eos_id, search))
+        decoding.reorder_beams(beam.extend(lprobs, at_cap, eos_id, search), written=step + 1)
         done = beam.done(at_cap)
         if bool(done.all()):
             break
