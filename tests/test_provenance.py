@@ -6,7 +6,13 @@ import json
 import subprocess
 from pathlib import Path
 
-from transformer_mt.provenance import cpu_model, source_version
+from transformer_mt.provenance import (
+    cpu_model,
+    cpu_model_number,
+    cpu_units,
+    machine,
+    source_version,
+)
 
 from conftest import ROOT, short_run, write_corpus
 
@@ -32,3 +38,23 @@ def test_source_version_is_the_checkout_head() -> None:
     else:
         assert source_version()["commit"] == head.stdout.strip()
     assert source_version(Path("/"))["commit"] is None
+
+
+def test_the_cpu_generation_and_its_units_are_read_from_cpuinfo(tmp_path: Path) -> None:
+    """One family number covers CPUs with and without AVX-512 (AMD's 25: Zen 3 and Zen 4),
+    so the model number and the vector/matrix units are recorded beside it."""
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n"
+        "flags\t\t: fpu sse avx2 avx512f avx512bw avx512_bf16 avx512_vnni\n\n"
+        "processor\t: 1\ncpu family\t: 25\nmodel\t\t: 17\n"
+    )
+    assert cpu_model_number(info) == 17
+    assert cpu_units(info) == ["avx2", "avx512f", "avx512_vnni", "avx512_bf16"]
+    zen3 = tmp_path / "zen3"
+    zen3.write_text("cpu family\t: 25\nmodel\t\t: 1\nflags\t\t: fpu avx avx2 fma\n")
+    assert (cpu_model_number(zen3), cpu_units(zen3)) == (1, ["avx2"])
+    assert (cpu_model_number(tmp_path / "missing"), cpu_units(tmp_path / "missing")) == (None, [])
+    recorded = machine()
+    assert recorded["cpu_model_number"] == cpu_model_number()
+    assert recorded["cpu_units"] == cpu_units()

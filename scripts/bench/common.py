@@ -46,7 +46,7 @@ def environment() -> dict[str, Any]:
     ``cuda`` names the GPU, if any.
     """
     return {
-        **machine(),  # CPU model and family, cores, threads, load, versions: as runs record
+        **machine(),  # CPU model, family, units, cores, threads, load, versions: as runs record
         "inter_op_threads": torch.get_num_interop_threads(),
         "malloc": allocator.describe(),
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
@@ -63,7 +63,9 @@ def environment_line(env: dict[str, Any]) -> str:
     parts = [
         f"CPU: {env['cpu']}"
         + (f", family {env['cpu_family']}" if env.get("cpu_family") is not None else "")
-        + (f" ({env['cpu_capability']})" if env.get("cpu_capability") else ""),
+        + (f" model {env['cpu_model_number']}" if env.get("cpu_model_number") is not None else "")
+        + (f" ({env['cpu_capability']})" if env.get("cpu_capability") else "")
+        + (f", units {' '.join(env['cpu_units'])}" if env.get("cpu_units") else ""),
         f"GPU: {env['cuda']}" if env.get("cuda") else None,
         f"{env['threads']} intra-op threads" if env.get("threads") else None,
         f"OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}" if env.get("OMP_WAIT_POLICY") else None,

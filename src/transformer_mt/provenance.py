@@ -24,8 +24,15 @@ from transformer_mt.files import write_text_atomic
 RUN_INFO = "run_info.json"
 
 
-def _cpuinfo(field: str) -> str | None:
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+CPUINFO = Path("/proc/cpuinfo")
+
+#: The vector and matrix units that decide a CPU's speed here (``/proc/cpuinfo`` flags): one
+#: family number covers CPUs with and without AVX-512 (AMD's family 25 is Zen 3 and Zen 4).
+CPU_UNITS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def _cpuinfo(field: str, path: Path | None = None) -> str | None:
+    with contextlib.suppress(OSError), open(path or CPUINFO) as f:
         for line in f:
             if line.split(":", 1)[0].strip() == field:
                 return line.split(":", 1)[1].strip()
@@ -41,6 +48,19 @@ def cpu_family() -> int | None:
     """The CPU family number (``lscpu``'s "CPU family"); ``None`` where it is not known."""
     family = _cpuinfo("cpu family")
     return int(family) if family and family.isdigit() else None
+
+
+def cpu_model_number(path: Path | None = None) -> int | None:
+    """The CPU model number (``lscpu``'s "Model"), which tells the generations of one family
+    apart; ``None`` where it is not known."""
+    number = _cpuinfo("model", path)
+    return int(number) if number and number.isdigit() else None
+
+
+def cpu_units(path: Path | None = None) -> list[str]:
+    """Which of :data:`CPU_UNITS` the CPU has (empty where ``/proc/cpuinfo`` is missing)."""
+    flags = set((_cpuinfo("flags", path) or "").split())
+    return [unit for unit in CPU_UNITS if unit in flags]
 
 
 def source_version(where: Path | None = None) -> dict[str, Any]:
@@ -69,6 +89,8 @@ def machine() -> dict[str, Any]:
     return {
         "cpu": cpu_model(),
         "cpu_family": cpu_family(),
+        "cpu_model_number": cpu_model_number(),
+        "cpu_units": cpu_units(),
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
