@@ -39,8 +39,8 @@ def test_step_log_probs_equal_cached_decode(overrides: dict) -> None:
             torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("written", [None, 3], ids=["every position", "the written ones"])
-def test_step_state_follows_selected_and_reordered_rows(written: int | None) -> None:
+@pytest.mark.parametrize("written", [6, 3], ids=["every position", "the written ones"])
+def test_step_state_follows_selected_and_reordered_rows(written: int) -> None:
     torch.manual_seed(1)
     model = Transformer(tiny_config()).eval()
     src, tgt = random_batch(batch=4, tgt_len=6)

@@ -73,21 +73,17 @@ class StepState:
             buffers[:] = [b.index_select(0, rows) for b in buffers]
         self.src_mask = self.src_mask.index_select(0, rows)
 
-    def reorder_self(self, rows: Tensor, written: int | None = None) -> None:
+    def reorder_self(self, rows: Tensor, written: int) -> None:
         """Beams moved within their sentence: only the self-attention buffers follow (a
         sentence's beams share its cross-attention keys/values).
 
-        ``written``: the positions the steps so far wrote; only they move, in place (the
-        later ones are masked until a step overwrites them). ``None``: every position, into
-        new buffers.
+        Only the ``written`` positions the steps so far wrote move, in place: the later ones
+        are masked until a step overwrites them.
         """
         rows = _at_least_two(rows)
         for buffers in (self.self_k, self.self_v):
-            if written is None:
-                buffers[:] = [b.index_select(0, rows) for b in buffers]
-            else:
-                for b in buffers:
-                    b[:, :, :written] = b[rows, :, :written]
+            for b in buffers:
+                b[:, :, :written] = b[rows, :, :written]
 
 
 class DecodingStep:
