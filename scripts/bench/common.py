@@ -80,6 +80,7 @@ def interleaved_times(
     repeats: int,
     warmup: int = 1,
     repeats_per: dict[str, int] | None = None,
+    self_timed: bool = False,
 ) -> dict[str, list[float]]:
     """Time each callable ``repeats`` times, interleaving contenders; seconds per call.
 
@@ -89,6 +90,8 @@ def interleaved_times(
         warmup: untimed calls per contender first (allocator, lazy init, kernel choice).
         repeats_per: optional lower repeat count for expensive contenders; they take part
             in the first ``repeats_per[name]`` rounds only.
+        self_timed: each call answers its own seconds instead (its work timed where it runs,
+            e.g. in another process).
     """
     repeats_per = repeats_per or {}
     names = list(contenders)
@@ -103,8 +106,8 @@ def interleaved_times(
             if r >= repeats_per.get(name, repeats):
                 continue
             start = time.perf_counter()
-            contenders[name]()
-            times[name].append(time.perf_counter() - start)
+            answer = contenders[name]()
+            times[name].append(answer if self_timed else time.perf_counter() - start)
     return times
 
 

@@ -141,9 +141,13 @@ def test_engines_quick_random_model(benchmark, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_engines_on_a_checkpoint_times_interleaved_rounds(benchmark, tmp_path: Path) -> None:
+@pytest.mark.parametrize("one_process", [False, True], ids=["per-family", "one-process"])
+def test_engines_on_a_checkpoint_times_interleaved_rounds(
+    benchmark, tmp_path: Path, one_process: bool
+) -> None:
     """With --ckpt every engine translates the whole set once per round: --repeats rounds
-    each, timed, the median reported, and the same translations every round."""
+    each, timed, the median reported, and the same translations every round; in a process
+    per engine family by default, all in one with --one-process."""
     import argparse
     import gzip
 
@@ -161,8 +165,9 @@ def test_engines_on_a_checkpoint_times_interleaved_rounds(benchmark, tmp_path: P
     out = tmp_path / "engines.json"
     argv = ["engines", "--ckpt", str(ckpt), "--data-dir", str(data), "--beams", "1",
             "--repeats", "2", "--batch", "4", "--threads", "1", "--out", str(out)]  # fmt: skip
-    result = benchmark.main(argv)["engines"]
+    result = benchmark.main(argv + ["--one-process"] * one_process)["engines"]
     assert json.loads(out.read_text()) == result
+    assert result["processes"] == ("one" if one_process else "one per engine family")
     row = result["results"]["beam1"]
     assert set(row) == set(engines.ENGINES)
     for name, timing in row.items():
@@ -171,6 +176,49 @@ def test_engines_on_a_checkpoint_times_interleaved_rounds(benchmark, tmp_path: P
         assert timing["sentences_per_s"] == pytest.approx(6 / timing["median_s"])
         assert len(timing["x_generate_per_round"]) == 2 and 0 <= timing["bleu"] <= 100
     assert row["transformers"]["x_generate_per_round"] == [1.0, 1.0]
+
+
+@pytest.mark.slow
+def test_engines_torch_family_never_loads_ctranslate2(benchmark, tmp_path: Path) -> None:
+    """The torch engines' process holds no CTranslate2 (whose own OpenMP slows torch once it
+    has run): built in a fresh interpreter, it has not imported the library."""
+    import argparse
+    import subprocess
+    import sys
+
+    pytest.importorskip("ctranslate2", reason="the export extra is not installed")
+    from bench import engines
+
+    args = argparse.Namespace(**{k: v for k, v in engines.QUICK.items() if k != "beams"})
+    ckpt = engines.random_checkpoint(args, tmp_path / "random.ckpt")
+    hf_dir, ct2_dir = engines.exports(ckpt, tmp_path)
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from bench import engines\n"
+        f"e = engines.engines(('torch',), Path({str(ckpt)!r}), Path({str(hf_dir)!r}), "
+        f"Path({str(ct2_dir)!r}), 1)\n"
+        "print(sorted(k for k in e if k != 'loaded'), 'ctranslate2' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=SCRIPTS, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split("\n")[-2] == "['hf', 'ours_compiled', 'ours_int8'] False"
+
+
+@pytest.mark.slow
+def test_engines_worker_that_cannot_start_fails_the_run(benchmark, tmp_path: Path) -> None:
+    """A worker that cannot build its engines answers with its traceback, and every worker
+    process is gone afterwards."""
+    from bench import engines
+
+    spec = {"ckpt": tmp_path / "missing.ckpt", "hf_dir": tmp_path, "ct2_dir": tmp_path,
+            "threads": 1}  # fmt: skip
+    with pytest.raises(RuntimeError, match="an engine worker failed"):
+        engines.Workers(spec, one_process=True)
+    import multiprocessing
+
+    assert not multiprocessing.active_children()
 
 
 @pytest.mark.slow
