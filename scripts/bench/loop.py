@@ -437,6 +437,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "repeats": args.repeats,
             "target_tokens_per_batch": setup.tokens,
             "max_tokens": int(setup.cfg.data.max_tokens),
+            "loss_chunk_tokens": int(setup.cfg.module.loss_chunk_tokens or 0),
+            "overrides": list(args.override),
             "log_every_n_steps": int(setup.cfg.trainer.log_every_n_steps),
             "device": str(device),
             "quick": args.quick,
