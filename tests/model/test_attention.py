@@ -130,6 +130,32 @@ def test_explicit_equals_fused(mask_shape: str) -> None:
     )
 
 
+@pytest.mark.parametrize("half", [False, True])
+def test_bf16_on_cpu_runs_the_explicit_math(monkeypatch: pytest.MonkeyPatch, half: bool) -> None:
+    # The CPU flash kernel's bf16 backward is many times slower than its fp32 one; under bf16
+    # autocast the paper's math runs instead, with the same result up to bf16's precision.
+    import transformer_mt.model.attention as attention
+
+    mha = _mha(32, 4, fused=True).train()
+    calls: list[torch.dtype] = []
+    sdpa = attention.F.scaled_dot_product_attention
+
+    def counting(q: Tensor, *args: object, **kwargs: object) -> Tensor:
+        calls.append(q.dtype)
+        return sdpa(q, *args, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", counting)
+    x = torch.randn(3, 7, 32)
+    reference = mha(x, is_causal=True).detach()
+    assert calls == [torch.float32]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half):
+        out = mha(x, is_causal=True)
+    out.float().sum().backward()
+    assert calls == ([torch.float32] if half else [torch.float32, torch.float32])
+    assert out.dtype == (torch.bfloat16 if half else torch.float32)
+    torch.testing.assert_close(out.float(), reference, atol=5e-2, rtol=5e-2)
+
+
 def test_d_k_differs_from_d_v() -> None:
     mha = _mha(20, 3, d_k=5, d_v=7)
     assert mha.q_proj.weight.shape == (15, 20)  # d_model -> h * d_k

@@ -189,10 +189,13 @@ class MultiHeadAttention(nn.Module):
         of the two: with attention dropout (SDPA runs its unfused math kernel then anyway,
         with a costlier dropout mask than :mod:`transformer_mt.model.dropout`'s), and for a
         single query (a cached decoding step: two small matmuls, where the fused kernel's
-        blocking costs more than it saves; docs/benchmarks.md).
+        blocking costs more than it saves; docs/benchmarks.md), and for half-precision
+        queries (bf16 autocast): the CPU flash kernel's bf16 backward is many times slower
+        than its fp32 one, while the explicit matmuls run on the bf16 units (AMX).
         """
         on_cpu = q.device.type == "cpu"
-        return not self.fused or (on_cpu and (dropout_p > 0.0 or q.size(2) == 1))
+        half = q.dtype in (torch.bfloat16, torch.float16)
+        return not self.fused or (on_cpu and (dropout_p > 0.0 or q.size(2) == 1 or half))
 
     def compute_weights(
         self,
