@@ -30,6 +30,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+# isort: off
+# Before torch loads: oneDNN reads its kernel cache's size once, as training does.
+import transformer_mt.cli.onednn  # noqa: F401  (sizes oneDNN's kernel cache)
+
+# isort: on
 import bench
 from bench.common import (
     COMMON_OPTIONS,

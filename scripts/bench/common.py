@@ -42,7 +42,8 @@ def environment() -> dict[str, Any]:
     """What the numbers were measured on: versions, CPU, thread settings, load, UTC time.
 
     The OpenMP variables are recorded because they change CPU timings (OpenMP reads them once,
-    when torch loads), and so is what malloc does with freed memory (cli/allocator.py);
+    when torch loads), and so are what malloc does with freed memory (cli/allocator.py) and how
+    many compiled bf16 kernels oneDNN keeps (cli/onednn.py);
     ``cuda`` names the GPU, if any.
     """
     return {
@@ -51,6 +52,7 @@ def environment() -> dict[str, Any]:
         "malloc": allocator.describe(),
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "time": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),

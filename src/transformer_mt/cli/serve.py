@@ -19,6 +19,7 @@ import os
 # isort: off
 # First, before anything imports torch: OpenMP reads how its threads wait only when torch loads.
 import transformer_mt.cli.openmp  # noqa: F401  (sets the short spin)
+import transformer_mt.cli.onednn  # noqa: F401  (sizes oneDNN's kernel cache)
 
 # isort: on
 
