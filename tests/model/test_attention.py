@@ -133,7 +133,8 @@ def test_explicit_equals_fused(mask_shape: str) -> None:
 @pytest.mark.parametrize("half", [False, True])
 def test_bf16_on_cpu_runs_the_explicit_math(monkeypatch: pytest.MonkeyPatch, half: bool) -> None:
     # The CPU flash kernel's bf16 backward is many times slower than its fp32 one; under bf16
-    # autocast the paper's math runs instead, with the same result up to bf16's precision.
+    # autocast with autograd on, the paper's math runs instead, with the same result up to
+    # bf16's precision.
     import transformer_mt.model.attention as attention
 
     mha = _mha(32, 4, fused=True).train()
@@ -154,6 +155,10 @@ def test_bf16_on_cpu_runs_the_explicit_math(monkeypatch: pytest.MonkeyPatch, hal
     assert calls == ([torch.float32] if half else [torch.float32, torch.float32])
     assert out.dtype == (torch.bfloat16 if half else torch.float32)
     torch.testing.assert_close(out.float(), reference, atol=5e-2, rtol=5e-2)
+    # Without a backward to come (inference) the fused kernel's bf16 forward serves.
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=half):
+        mha(x, is_causal=True)
+    assert calls[-1] == (torch.bfloat16 if half else torch.float32)
 
 
 def test_d_k_differs_from_d_v() -> None:

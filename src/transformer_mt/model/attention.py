@@ -190,12 +190,14 @@ class MultiHeadAttention(nn.Module):
         with a costlier dropout mask than :mod:`transformer_mt.model.dropout`'s), and for a
         single query (a cached decoding step: two small matmuls, where the fused kernel's
         blocking costs more than it saves; docs/benchmarks.md), and for half-precision
-        queries (bf16 autocast): the CPU flash kernel's bf16 backward is many times slower
-        than its fp32 one, while the explicit matmuls run on the bf16 units (AMX).
+        queries that autograd will differentiate (bf16 autocast in training): the CPU flash
+        kernel's bf16 backward is many times slower than its fp32 one, while the explicit
+        matmuls run on the bf16 units (AMX). Without a backward the fused kernel stays: its
+        bf16 forward keeps up with the explicit math's.
         """
         on_cpu = q.device.type == "cpu"
-        half = q.dtype in (torch.bfloat16, torch.float16)
-        return not self.fused or (on_cpu and (dropout_p > 0.0 or q.size(2) == 1 or half))
+        half_backward = q.requires_grad and q.dtype in (torch.bfloat16, torch.float16)
+        return not self.fused or (on_cpu and (dropout_p > 0.0 or q.size(2) == 1 or half_backward))
 
     def compute_weights(
         self,
