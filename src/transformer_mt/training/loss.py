@@ -80,37 +80,54 @@ class _ChunkedProjectionLoss(torch.autograd.Function):
         # apply() takes positional arguments only: the settings travel as one tuple.
         pad_id, label_smoothing, chunk = options
         vocab = weight.size(0)
+        device = hidden.device.type
         keep = target != pad_id  # (N,)
         n_tokens = keep.sum()
-        # Softmax and sums in float32 at least, as the plain loss computes them.
+        # Softmax and sums in float32 at least, as the plain loss computes them; the two
+        # products in autocast's dtype when it is on, as the plain projection runs.
         acc = torch.promote_types(hidden.dtype, torch.float32)
+        autocast = torch.is_autocast_enabled(device)
+        low = torch.get_autocast_dtype(device) if autocast else hidden.dtype
         scale = 1.0 / n_tokens.clamp(min=1).to(acc)
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
         loss_sum = hidden.new_zeros((), dtype=acc)
         nll_sum = hidden.new_zeros((), dtype=acc)
-        w = weight.to(hidden.dtype)
         wants_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        for start in range(0, hidden.size(0), chunk):
-            h = hidden[start : start + chunk]  # (c, d)
-            t, k = target[start : start + chunk], keep[start : start + chunk]
-            logits = (h @ w.t()).to(acc)  # (c, V)
-            lse = torch.logsumexp(logits, dim=-1)  # (c,)
-            nll = (lse - logits.gather(1, t[:, None]).squeeze(1)).masked_fill(~k, 0.0)
-            nll_sum += nll.sum()
-            if label_smoothing > 0.0:
-                uniform = (lse - logits.mean(dim=-1)).masked_fill(~k, 0.0)  # mean_j(-log p_j)
-                loss_sum += ((1.0 - label_smoothing) * nll + label_smoothing * uniform).sum()
-            else:
-                loss_sum += nll.sum()
-            if not wants_grad:  # validation: the loss alone
-                continue
-            # d loss / d logits = (p - (1 - eps) onehot(t) - eps / V) / N on kept rows.
-            grad = torch.softmax(logits, dim=-1).sub_(label_smoothing / vocab)
-            grad[torch.arange(len(t), device=t.device), t] -= 1.0 - label_smoothing
-            grad.mul_((k.to(acc) * scale)[:, None])
-            grad_hidden[start : start + chunk] = (grad.to(w.dtype) @ w).to(hidden.dtype)
-            grad_weight += grad.t() @ h.to(acc)
+        # Every cast is explicit below: autocast would cast the weight and each chunk's
+        # gradient again for every product.
+        with torch.autocast(device, enabled=False):
+            w, hs = weight.to(low), hidden.to(low)  # once, not once per chunk
+            for start in range(0, hidden.size(0), chunk):
+                h = hs[start : start + chunk]  # (c, d)
+                t, k = target[start : start + chunk], keep[start : start + chunk]
+                # Each (c x V) pass costs as much as the products of this narrow model, so the
+                # softmax is built in place: shift by the row maximum, exponentiate, normalise.
+                z = (h @ w.t()).to(acc)  # (c, V) logits
+                z.sub_(z.amax(dim=-1, keepdim=True))  # shifted: log-probabilities up to lse
+                z_target = z.gather(1, t[:, None]).squeeze(1)  # (c,)
+                z_mean = z.mean(dim=-1) if label_smoothing > 0.0 else None
+                e = z.exp_()  # z is spent: e holds exp(shifted logits)
+                total = e.sum(dim=-1)  # (c,)
+                lse = total.log()  # the shifted log-sum-exp
+                nll = (lse - z_target).masked_fill(~k, 0.0)  # -log p_t
+                nll_sum += nll.sum()
+                if z_mean is not None:
+                    uniform = (lse - z_mean).masked_fill(~k, 0.0)  # mean_j(-log p_j)
+                    loss_sum += ((1.0 - label_smoothing) * nll + label_smoothing * uniform).sum()
+                else:
+                    loss_sum += nll.sum()
+                if not wants_grad:  # validation: the loss alone
+                    continue
+                # d loss / d logits = (p - (1 - eps) onehot(t) - eps / V) / N on kept rows.
+                row = k.to(acc) * scale  # (c,)
+                grad = e.mul_((row / total)[:, None])  # p, already scaled by its row's weight
+                if label_smoothing > 0.0:
+                    grad.sub_((row * (label_smoothing / vocab))[:, None])
+                grad[torch.arange(len(t), device=t.device), t] -= (1.0 - label_smoothing) * row
+                g = grad.to(low)
+                grad_hidden[start : start + chunk] = (g @ w).to(hidden.dtype)
+                grad_weight += g.t() @ h
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
         ctx.mark_non_differentiable(nll_sum)
         return loss_sum / n_tokens, nll_sum
