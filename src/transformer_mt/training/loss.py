@@ -59,6 +59,25 @@ def label_smoothed_loss(
     return loss, nll_sum, n_tokens
 
 
+def _softmax_terms(
+    z: Tensor, target: Tensor, label_smoothing: float
+) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
+    """The loss's terms for logits ``z (c, V)``, whose buffer becomes ``exp(z - max)``.
+
+    Returns ``(nll, uniform, e, total)`` per row: ``-log p_t``, ``mean_j(-log p_j)`` (``None``
+    without smoothing), the exponentials (``z``'s own buffer) and their sum, so ``e / total`` is
+    the softmax. Passes over ``(c x V)``, not the products, are where the chunked loss spends
+    its time, so it is built in one buffer: shift by the row maximum, exponentiate.
+    """
+    z.sub_(z.amax(dim=-1, keepdim=True))  # shifted: log-probabilities up to lse
+    z_target = z.gather(1, target[:, None]).squeeze(1)  # (c,)
+    z_mean = z.mean(dim=-1) if label_smoothing > 0.0 else None
+    e = z.exp_()  # z is spent
+    total = e.sum(dim=-1)  # (c,)
+    lse = total.log()  # the shifted log-sum-exp
+    return lse - z_target, None if z_mean is None else lse - z_mean, e, total
+
+
 class _ChunkedProjectionLoss(torch.autograd.Function):
     """The output projection and the label-smoothed loss, a chunk of tokens at a time.
 
@@ -101,19 +120,12 @@ class _ChunkedProjectionLoss(torch.autograd.Function):
             for start in range(0, hidden.size(0), chunk):
                 h = hs[start : start + chunk]  # (c, d)
                 t, k = target[start : start + chunk], keep[start : start + chunk]
-                # Each (c x V) pass costs as much as the products of this narrow model, so the
-                # softmax is built in place: shift by the row maximum, exponentiate, normalise.
                 z = (h @ w.t()).to(acc)  # (c, V) logits
-                z.sub_(z.amax(dim=-1, keepdim=True))  # shifted: log-probabilities up to lse
-                z_target = z.gather(1, t[:, None]).squeeze(1)  # (c,)
-                z_mean = z.mean(dim=-1) if label_smoothing > 0.0 else None
-                e = z.exp_()  # z is spent: e holds exp(shifted logits)
-                total = e.sum(dim=-1)  # (c,)
-                lse = total.log()  # the shifted log-sum-exp
-                nll = (lse - z_target).masked_fill(~k, 0.0)  # -log p_t
+                nll, uniform, e, total = _softmax_terms(z, t, label_smoothing)
+                nll = nll.masked_fill(~k, 0.0)  # -log p_t on kept rows
                 nll_sum += nll.sum()
-                if z_mean is not None:
-                    uniform = (lse - z_mean).masked_fill(~k, 0.0)  # mean_j(-log p_j)
+                if uniform is not None:
+                    uniform = uniform.masked_fill(~k, 0.0)
                     loss_sum += ((1.0 - label_smoothing) * nll + label_smoothing * uniform).sum()
                 else:
                     loss_sum += nll.sum()
