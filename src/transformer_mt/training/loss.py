@@ -66,8 +66,8 @@ def _softmax_terms(
 
     Returns ``(nll, uniform, e, total)`` per row: ``-log p_t``, ``mean_j(-log p_j)`` (``None``
     without smoothing), the exponentials (``z``'s own buffer) and their sum, so ``e / total`` is
-    the softmax. Passes over ``(c x V)``, not the products, are where the chunked loss spends
-    its time, so it is built in one buffer: shift by the row maximum, exponentiate.
+    the softmax. Under bf16 the passes over ``(c x V)`` cost more than the products, so it is
+    built in one buffer: shift by the row maximum, exponentiate.
     """
     z.sub_(z.amax(dim=-1, keepdim=True))  # shifted: log-probabilities up to lse
     z_target = z.gather(1, target[:, None]).squeeze(1)  # (c,)
