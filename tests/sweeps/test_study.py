@@ -173,6 +173,33 @@ def test_a_trial_below_the_median_is_pruned_at_the_same_budget(tmp_path: Path) -
     assert study.trials[3].state == TrialState.RUNNING  # the sweeper tells the state
 
 
+def test_a_given_point_runs_its_whole_budget_and_still_sets_the_bar(tmp_path: Path) -> None:
+    """hydra.sweeper.enqueue's points are references: a pruner that would stop a drawn trial
+    with the same values lets them run, and their values still prune the trials after them."""
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    pruner_cfg = {"name": "successive_halving", "min_resource": 40, "reduction_factor": 2}
+    space = {"x": FloatDistribution(0, 1)}
+    study = st.open_study(tp.open_storage(url), "g", "maximize", pruner=tp.make_pruner(pruner_cfg))
+    fast = study.ask(space)  # a fast starter sets the bar at 40%
+    assert StudyTrial(url, "g", fast._trial_id, pruner_cfg).report(37.5, 40) is False
+    study.tell(fast, 39.5)
+
+    study.enqueue_trial({"x": 0.5})
+    given = study.ask(space)
+    reporter = StudyTrial(url, "g", given._trial_id, pruner_cfg)
+    assert reporter.report(35.3, 40) is False  # behind the bar, yet it goes on
+    assert reporter.report(38.0, 80) is False
+    study.tell(given, 39.6)
+    assert tp.PRUNED_AT not in study.trials[1].user_attrs
+
+    drawn = study.ask(space)  # the same values, drawn: stopped at the first rung
+    assert StudyTrial(url, "g", drawn._trial_id, pruner_cfg).report(35.3, 40) is True
+    assert study.trials[2].user_attrs == {tp.PRUNED_AT: 40}
+    # The pruner saw the given point too: its value at the rung is among those later trials
+    # are ranked against (successive halving keeps them as the trials' rung attributes).
+    assert study.trials[1].system_attrs["completed_rung_0"] == 35.3
+
+
 @pytest.mark.parametrize("name", ["successive_halving", "hyperband", "median", "none"])
 def test_every_pruner_is_built_from_its_config(name: str) -> None:
     pruner = tp.make_pruner({"name": name, "min_resource": 20, "reduction_factor": 3})

@@ -43,6 +43,10 @@ STORAGE_ENV = "TRANSFORMER_MT_SWEEP_STORAGE"
 PRUNED_AT = "pruned_at"
 PRUNERS = ("none", "median", "successive_halving", "hyperband")
 
+#: System attribute Optuna gives a trial queued with ``enqueue_trial``: the study's given
+#: points (``hydra.sweeper.enqueue``).
+GIVEN_POINT = "fixed_params"
+
 #: Trials report on a grid of this many percent of their budget (20 points at most).
 GRID = 5
 
@@ -75,7 +79,14 @@ class StudyTrial:
         self.storage.set_trial_intermediate_value(self.trial_id, step, value)
         self.reported, self.last_value = step, value
         frozen = self.storage.get_trial(self.trial_id)
+        # Asked for every trial: a pruner records each trial's values as the bar for later ones.
         if not self.pruner.prune(self.study, frozen):
+            return False
+        if GIVEN_POINT in frozen.system_attrs:
+            # A given point is a reference the study measures under its own protocol, not a
+            # draw to bet on: it runs its whole budget. Early values mislead most where the
+            # study looks for recipes that gain late (a regularised recipe starts slower).
+            log.info("a given point runs its whole budget: not pruned at %d%%", percent)
             return False
         self.storage.set_trial_user_attr(self.trial_id, PRUNED_AT, percent)
         return True
