@@ -124,8 +124,6 @@ def test_training_sees_a_new_segmentation_every_epoch(
 ) -> None:
     """The real Trainer reloads the loader per epoch: each epoch trains on the segmentation
     drawn for it (which differ, above), and the run validates every epoch as usual."""
-    from transformer_mt.training.run import run
-
     loaded: list[int] = []
     ids = EpochSegmentation.ids
 
@@ -135,6 +133,15 @@ def test_training_sees_a_new_segmentation_every_epoch(
 
     monkeypatch.setattr(EpochSegmentation, "ids", recording)
 
+    rows = _train_with_dropout(tmp_path, "trainer.max_epochs=3")
+    assert {r["epoch"] for r in rows if r.get("val/bleu")} == {"0", "1", "2"}
+    assert sorted(set(loaded)) == [0, 1, 2]
+
+
+def _train_with_dropout(tmp_path: Path, *extra: str) -> list[dict[str, str]]:
+    """Train with BPE-dropout 0.3 on a small corpus of files; the rows of its metrics.csv."""
+    from transformer_mt.training.run import run
+
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for prefix in ("train", "val", "test"):
@@ -143,16 +150,38 @@ def test_training_sees_a_new_segmentation_every_epoch(
             (corpus / f"{prefix}.{lang}").write_text(lines, encoding="utf-8")
     run_dir = tmp_path / "run"
     overrides = [o for o in FILES_TRAIN if not o.startswith("trainer.max_epochs")]
-    run(
-        compose_train(
-            run_dir,
-            [*overrides, f"data.dir={corpus}", "data.bpe_dropout=0.3", "trainer.max_epochs=3"],
-        )
-    )
+    run(compose_train(run_dir, [*overrides, f"data.dir={corpus}", "data.bpe_dropout=0.3", *extra]))
     with open(next(run_dir.rglob("metrics.csv")), newline="") as f:
-        rows = list(csv.DictReader(f))
-    assert {r["epoch"] for r in rows if r.get("val/bleu")} == {"0", "1", "2"}
-    assert sorted(set(loaded)) == [0, 1, 2]
+        return list(csv.DictReader(f))
+
+
+def test_validation_by_the_clock_keeps_its_pace_across_the_reloads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A time-based ``val_check_interval`` longer than an epoch still validates while the
+    loader is reloaded every epoch (Lightning restarts its clock at each reload). Lightning's
+    clock is replaced by a count of training batches, so nothing waits on time."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.loops import evaluation_loop, fit_loop, training_epoch_loop
+
+    batches = [0]
+
+    def tick() -> float:  # asked once per training batch, whether to validate
+        batches[0] += 1
+        return float(batches[0])
+
+    monkeypatch.setattr(training_epoch_loop, "time", SimpleNamespace(monotonic=tick))
+    for loop in (fit_loop, evaluation_loop):
+        monkeypatch.setattr(loop, "time", SimpleNamespace(monotonic=lambda: float(batches[0])))
+
+    rows = _train_with_dropout(
+        tmp_path, "trainer.max_epochs=10", "trainer.val_check_interval='00:00:00:05'"
+    )
+    steps = [int(r["step"]) for r in rows if r.get("val/bleu")]
+    epochs = {r["epoch"] for r in rows if r.get("val/bleu")}
+    assert batches[0] >= 20 and len(epochs) < 10  # an interval is longer than an epoch
+    assert len(steps) >= batches[0] // 5 - 1
 
 
 @pytest.mark.slow

@@ -19,6 +19,8 @@ The pieces, wired in by :func:`transformer_mt.training.run.build` / ``configs/ca
   the current training step, so that the checkpoint saved on interruption holds the same
   weights, RNG state and loop position as a regular checkpoint of that step, and a resume
   from it is bit-identical to an uninterrupted run. A second Ctrl-C stops at once.
+- :class:`KeepValidationClock` (with a training loader reloaded every epoch) keeps a
+  time-based ``trainer.val_check_interval`` counting across the reloads.
 
 The test-only fault hook lives in :mod:`faults`.
 """
@@ -333,3 +335,26 @@ class StopAtStepBoundary(pl.Callback):
     ) -> None:
         if not trainer.sanity_checking:
             self._stop_if_requested()
+
+
+class KeepValidationClock(pl.Callback):
+    """A time-based ``trainer.val_check_interval`` that counts across training-loader reloads.
+
+    Lightning restarts its validation clock whenever it sets up a training loader. A loader
+    reloaded every epoch (BPE-dropout's new segmentation, a new draw of the directions) in
+    epochs shorter than the interval then never validates until training ends: no curve, no
+    best or recent checkpoints to choose or average from. This callback puts back, at each
+    epoch's start, the clock as the last validation left it. It reads Lightning's private
+    ``_last_val_time``; a test holds it to the Lightning in use.
+    """
+
+    def __init__(self) -> None:
+        self._last_val_time: float | None = None
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_val_time = getattr(trainer, "_last_val_time", None)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        timed = getattr(trainer, "_val_check_time_interval", None) is not None
+        if timed and self._last_val_time is not None:
+            trainer._last_val_time = self._last_val_time

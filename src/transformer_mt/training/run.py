@@ -24,6 +24,7 @@ from transformer_mt.training.average import average_path, check_average_last, wr
 from transformer_mt.training.budget import TrainingBudget
 from transformer_mt.training.callbacks import (
     AtomicCheckpointIO,
+    KeepValidationClock,
     StopAtStepBoundary,
     is_interrupt,
 )
@@ -191,6 +192,7 @@ def build_trainer(cfg: TrainSchema, module: TranslationModule) -> pl.Trainer:
         # Each epoch's BPE-dropout segmentation, or its draw of the directions, comes with a
         # new training loader.
         extra["reload_dataloaders_every_n_epochs"] = 1
+        callbacks.append(KeepValidationClock())
     return hydra.utils.instantiate(
         cfg.trainer,
         **extra,
