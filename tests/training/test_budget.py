@@ -8,14 +8,25 @@ training step), so what these tests check never depends on how fast the machine 
 from __future__ import annotations
 
 import csv
+import dataclasses
+import inspect
 import itertools
+from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-from transformer_mt.training.budget import BudgetProgressBar, TrainingBudget, time_left
+from transformer_mt.errors import UserError
+from transformer_mt.training.budget import (
+    BudgetProgressBar,
+    TrainingBudget,
+    time_left,
+    validation_interval,
+)
+from transformer_mt.training.config import BudgetSettings
 from transformer_mt.training.run import run
 from transformer_mt.training.schedules import lr_factor
 
@@ -247,3 +258,56 @@ def test_a_step_budget_ending_mid_epoch_validates_its_last_steps(tmp_path: Path)
     # Lightning logs a validation at the index of the step before it (epoch ends alike).
     assert [int(r["step"]) + 1 for r in rows if r.get("val/bleu")] == [max_steps]
     assert list((tmp_path / "checkpoints").glob(f"best-*-step{max_steps:06d}-*.ckpt"))
+
+
+def test_validations_divide_the_budget_in_any_form_lightning_takes() -> None:
+    assert validation_interval("00:01:00:00", 10) == timedelta(minutes=6)
+    assert validation_interval({"minutes": 30}, 10) == timedelta(minutes=3)
+    assert validation_interval(timedelta(hours=2), 8) == timedelta(minutes=15)
+
+
+@pytest.mark.parametrize(
+    ("max_time", "says"), [(None, "trainer.max_time is not set"), ("an hour", "DD:HH:MM:SS")]
+)
+def test_validations_need_a_wall_clock_budget(max_time: Any, says: str) -> None:
+    with pytest.raises(UserError, match=says):
+        validation_interval(max_time, 10)
+
+
+def test_the_budget_settings_are_the_callbacks_options_with_its_defaults() -> None:
+    options = inspect.signature(TrainingBudget).parameters
+    settings = dataclasses.fields(BudgetSettings)
+    assert {f.name: f.default for f in settings} == {k: v.default for k, v in options.items()}
+
+
+def test_a_negative_number_of_validations_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"budget\.validations"):
+        TrainingBudget(validations=-1)
+
+
+def test_validations_fall_at_fixed_fractions_of_a_time_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``budget.validations=10`` over 10 hours validates every hour, not every epoch.
+
+    Lightning's clock is replaced by 10 minutes per training batch (so every 6 batches is an
+    hour) and the run stops on a step budget: nothing waits on time, and the real 10 hours
+    never end.
+    """
+    from lightning.pytorch.loops import evaluation_loop, fit_loop, training_epoch_loop
+
+    batches = [0]
+
+    def tick() -> float:  # asked once per training batch, whether to validate
+        batches[0] += 1
+        return 600.0 * batches[0]
+
+    monkeypatch.setattr(training_epoch_loop, "time", SimpleNamespace(monotonic=tick))
+    for loop in (fit_loop, evaluation_loop):
+        monkeypatch.setattr(loop, "time", SimpleNamespace(monotonic=lambda: 600.0 * batches[0]))
+    settings = [*FAST_TRAIN, "trainer.max_epochs=null", "trainer.max_steps=30"]
+    budget = ["trainer.max_time=00:10:00:00", "budget.validations=10", "test_after_fit=false"]
+    run(compose_train(tmp_path, [*settings, *budget]))
+    rows = list(csv.DictReader((tmp_path / "csv" / "metrics.csv").open()))
+    # Lightning logs a validation at the index of the step before it; the last is the end's.
+    assert [int(r["step"]) + 1 for r in rows if r.get("val/bleu")] == [6, 12, 18, 24, 30]

@@ -17,7 +17,12 @@ machine or a slow one:
 - it stops training early enough for the last validation to finish inside the budget: from the
   start it reserves ``initial_reserve`` of the budget (no validation has been timed yet, and
   the final one may be the first), then the duration of the latest validation, so the
-  annealed weights are validated, checkpointed and tested.
+  annealed weights are validated, checkpointed and tested;
+- with ``validations=N`` it spreads N validations evenly over the budget (the trainer's
+  ``val_check_interval`` becomes ``max_time / N``): the run validates, and saves the
+  checkpoints ``average_last`` averages, at the same fractions of its schedule whatever the
+  budget or the machine, so an average of the last k spans the same stretch of the decay at 30
+  minutes as at 120, where a count of epochs spans less of a longer run.
 
 Without ``trainer.max_time`` the clock does nothing: step and epoch budgets are exact (and
 resume bit-identically); a time budget cannot be, since no two runs see the same clock. A step
@@ -30,11 +35,14 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import timedelta
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, RichProgressBar, Timer
 from lightning.pytorch.trainer.states import TrainerFn
+
+from transformer_mt.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +62,9 @@ class TrainingBudget(Callback):
             of a decaying schedule), however many ``warmup_steps`` were asked for.
         initial_reserve: fraction of a wall-clock budget kept for the final validation until
             a validation has been timed.
+        validations: validate this many times, evenly in time, over a wall-clock budget
+            (:func:`validation_interval`, set by ``build_trainer``); 0 = the trainer's own
+            ``val_check_interval``.
     """
 
     def __init__(
@@ -62,6 +73,7 @@ class TrainingBudget(Callback):
         *,
         max_warmup_fraction: float = 0.1,
         initial_reserve: float = 0.05,
+        validations: int = 0,
     ) -> None:
         for name, value in (
             ("max_warmup_fraction", max_warmup_fraction),
@@ -69,6 +81,9 @@ class TrainingBudget(Callback):
         ):
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"budget.{name} must be in [0, 1), got {value}")
+        if isinstance(validations, bool) or not isinstance(validations, int) or validations < 0:
+            raise ValueError(f"budget.validations must be a whole number >= 0, got {validations}")
+        self.validations = validations
         self.reserve_validation = reserve_validation
         self.max_warmup_fraction = max_warmup_fraction
         self.initial_reserve = initial_reserve
@@ -223,6 +238,39 @@ class TrainingBudget(Callback):
         warmup_end = state_dict.get("warmup_end")
         self.warmup_end = None if warmup_end is None else float(warmup_end)
         self.last_validation = float(state_dict.get("last_validation", 0.0))
+
+
+def _duration(max_time: Any) -> timedelta:
+    """``trainer.max_time`` in any form Lightning's Timer takes: "DD:HH:MM:SS", a mapping of
+    ``timedelta`` arguments, or a ``timedelta``."""
+    if isinstance(max_time, timedelta):
+        return max_time
+    if isinstance(max_time, str):
+        days, hours, minutes, seconds = (int(part) for part in max_time.split(":"))
+        return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    return timedelta(**dict(max_time))
+
+
+def validation_interval(max_time: Any, validations: int) -> timedelta:
+    """The time between validations for ``validations`` of them over the budget ``max_time``.
+
+    Raises:
+        UserError: no wall-clock budget to spread them over, or one Lightning cannot read.
+    """
+    if max_time is None:
+        raise UserError(
+            f"budget.validations={validations} spreads validations over a wall-clock budget, "
+            "but trainer.max_time is not set; set it (e.g. trainer.max_time=00:01:00:00) or "
+            "use trainer.val_check_interval instead"
+        )
+    try:
+        seconds = _duration(max_time).total_seconds()
+    except (TypeError, ValueError):
+        raise UserError(
+            f"trainer.max_time={max_time!r} is not a duration; write it DD:HH:MM:SS, "
+            "e.g. 00:01:00:00"
+        ) from None
+    return timedelta(seconds=seconds / validations)
 
 
 def find_budget(trainer: pl.Trainer | None) -> TrainingBudget | None:

@@ -145,6 +145,18 @@ class DataGroup(DataConfig):
 
 
 @dataclass
+class BudgetSettings:
+    """The options of the run's :class:`~transformer_mt.training.budget.TrainingBudget`
+    (``budget.*``), documented there; typed here so that ``budget.validations=10`` needs no
+    ``+`` and a misspelt option fails at composition."""
+
+    reserve_validation: bool = True
+    max_warmup_fraction: float = 0.1
+    initial_reserve: float = 0.05
+    validations: int = 0
+
+
+@dataclass
 class TrainSchema:
     """Every key of ``configs/train.yaml`` with its type and its one default.
 
@@ -186,7 +198,7 @@ class TrainSchema:
     model: Any = field(default_factory=ModelGroup)  # typed by its ModelGroup default
     module: TrainingConfig = field(default_factory=TrainingConfig)
     optimizer: dict[str, Any] = field(default_factory=dict)
-    budget: dict[str, Any] = field(default_factory=dict)
+    budget: BudgetSettings = field(default_factory=BudgetSettings)
     trainer: dict[str, Any] = field(default_factory=dict)
     callbacks: dict[str, Any] = field(default_factory=dict)
     logger: dict[str, Any] = field(default_factory=dict)

@@ -21,7 +21,7 @@ from transformer_mt.errors import NonFiniteLossError, TrainingInterrupted
 from transformer_mt.model.transformer import ModelConfig
 from transformer_mt.provenance import write_run_info
 from transformer_mt.training.average import average_path, check_average_last, write_average
-from transformer_mt.training.budget import TrainingBudget
+from transformer_mt.training.budget import TrainingBudget, validation_interval
 from transformer_mt.training.callbacks import (
     AtomicCheckpointIO,
     KeepValidationClock,
@@ -97,7 +97,7 @@ def run_callbacks(cfg: TrainSchema) -> list[Any]:
     callbacks = _instantiate_all(cfg.callbacks)
     if not any(isinstance(cb, TrainingBudget) for cb in callbacks):
         # trainer.max_time becomes the lr horizon; the warmup and the final validation fit in it.
-        callbacks.append(TrainingBudget(**cfg.budget))
+        callbacks.append(TrainingBudget(**dataclasses.asdict(cfg.budget)))
     # Ctrl-C / SIGTERM stop at the end of a step: the saved checkpoint resumes bit-identically.
     callbacks.append(StopAtStepBoundary())
     # In an Optuna trial: report val/bleu and stop when pruned (under DDP, all ranks together).
@@ -187,6 +187,13 @@ def build_trainer(cfg: TrainSchema, module: TranslationModule) -> pl.Trainer:
     # A sweep trial under DDP: Lightning starts the other ranks as this job, not as the sweep.
     rerun_as_one_job()
     extra: dict[str, Any] = {}
+    budget = next(cb for cb in callbacks if isinstance(cb, TrainingBudget))
+    if budget.validations:
+        # Validations (and so the checkpoints average_last averages) at fixed fractions of
+        # the budget, whatever its length (training/budget.py).
+        extra["val_check_interval"] = validation_interval(
+            cfg.trainer.get("max_time"), budget.validations
+        )
     data = cfg.data.config()
     if data.bpe_dropout > 0 or data.resamples_directions:
         # Each epoch's BPE-dropout segmentation, or its draw of the directions, comes with a
