@@ -170,6 +170,18 @@ def build_trainer(cfg: TrainSchema, module: TranslationModule) -> pl.Trainer:
     """The Trainer with the configured callbacks, loggers, atomic checkpoints and precision."""
     callbacks = build_callbacks(cfg, module)
     check_free_space(Path(cfg.run_dir), module, callbacks)
+    extra: dict[str, Any] = {}
+    budget = next(cb for cb in callbacks if isinstance(cb, TrainingBudget))
+    if budget.validations:
+        # Validations (and so the checkpoints average_last averages) at fixed fractions of
+        # the budget, whatever its length (training/budget.py).
+        interval = validation_interval(cfg.trainer.get("max_time"), budget.validations)
+        extra["val_check_interval"] = interval
+        log.info(
+            "validation every %s (budget.validations=%d; trainer.val_check_interval is not used)",
+            interval,
+            budget.validations,
+        )
     loggers = _instantiate_all(cfg.logger)
     # Checkpoints are written to a temp file next to the target and renamed: kill -9 at any
     # moment leaves the previous last.ckpt intact (see transformer_mt.training.callbacks).
@@ -186,14 +198,6 @@ def build_trainer(cfg: TrainSchema, module: TranslationModule) -> pl.Trainer:
     log.info("precision: %s (%s)", choice.precision, choice.reason)
     # A sweep trial under DDP: Lightning starts the other ranks as this job, not as the sweep.
     rerun_as_one_job()
-    extra: dict[str, Any] = {}
-    budget = next(cb for cb in callbacks if isinstance(cb, TrainingBudget))
-    if budget.validations:
-        # Validations (and so the checkpoints average_last averages) at fixed fractions of
-        # the budget, whatever its length (training/budget.py).
-        extra["val_check_interval"] = validation_interval(
-            cfg.trainer.get("max_time"), budget.validations
-        )
     data = cfg.data.config()
     if data.bpe_dropout > 0 or data.resamples_directions:
         # Each epoch's BPE-dropout segmentation, or its draw of the directions, comes with a
