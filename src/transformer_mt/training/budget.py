@@ -41,6 +41,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, RichProgressBar, Timer
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from transformer_mt.errors import UserError
 
@@ -240,17 +241,6 @@ class TrainingBudget(Callback):
         self.last_validation = float(state_dict.get("last_validation", 0.0))
 
 
-def _duration(max_time: Any) -> timedelta:
-    """``trainer.max_time`` in any form Lightning's Timer takes: "DD:HH:MM:SS", a mapping of
-    ``timedelta`` arguments, or a ``timedelta``."""
-    if isinstance(max_time, timedelta):
-        return max_time
-    if isinstance(max_time, str):
-        days, hours, minutes, seconds = (int(part) for part in max_time.split(":"))
-        return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
-    return timedelta(**dict(max_time))
-
-
 def validation_interval(max_time: Any, validations: int) -> timedelta:
     """The time between validations for ``validations`` of them over the budget ``max_time``.
 
@@ -264,12 +254,14 @@ def validation_interval(max_time: Any, validations: int) -> timedelta:
             "use trainer.val_check_interval instead"
         )
     try:
-        seconds = _duration(max_time).total_seconds()
-    except (TypeError, ValueError):
+        # Lightning's own reading of max_time, so a form the Trainer refuses is refused here.
+        seconds = Timer(duration=max_time).time_remaining()
+    except (MisconfigurationException, TypeError, AttributeError):
         raise UserError(
             f"trainer.max_time={max_time!r} is not a duration; write it DD:HH:MM:SS, "
             "e.g. 00:01:00:00"
         ) from None
+    assert seconds is not None
     return timedelta(seconds=seconds / validations)
 
 
