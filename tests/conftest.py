@@ -117,6 +117,27 @@ def compose_train(run_dir, overrides=(), config_name: str = "train"):
         return compose(config_name, overrides=[f"run_dir={run_dir}", *overrides])
 
 
+def clock_of_batches(monkeypatch: pytest.MonkeyPatch, seconds_per_batch: float) -> list[int]:
+    """Replace Lightning's clock in its fit, epoch and evaluation loops with a count of training
+    batches, ``seconds_per_batch`` each: a time-based ``val_check_interval`` then fires on
+    batches, never on how fast the machine is. Returns the live count (one item)."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.loops import evaluation_loop, fit_loop, training_epoch_loop
+
+    batches = [0]
+
+    def tick() -> float:  # asked once per training batch, whether to validate
+        batches[0] += 1
+        return seconds_per_batch * batches[0]
+
+    monkeypatch.setattr(training_epoch_loop, "time", SimpleNamespace(monotonic=tick))
+    for loop in (fit_loop, evaluation_loop):
+        now = SimpleNamespace(monotonic=lambda: seconds_per_batch * batches[0])
+        monkeypatch.setattr(loop, "time", now)
+    return batches
+
+
 # ---------------------------------------------------------------- corpus files, runs, commands
 
 

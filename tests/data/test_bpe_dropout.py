@@ -12,7 +12,7 @@ from transformer_mt.data.bpe_dropout import BpeDropout, EpochSegmentation
 from transformer_mt.data.config import DataConfig
 from transformer_mt.data.datamodule import TranslationDataModule
 
-from conftest import FILES_TRAIN, compose_train
+from conftest import FILES_TRAIN, clock_of_batches, compose_train
 
 SENTENCE = "Eine Gruppe von Männern lädt Baumwolle auf einen Lastwagen, der vor dem Geschäft parkt."
 
@@ -161,20 +161,7 @@ def test_validation_by_the_clock_keeps_its_pace_across_the_reloads(
     """A time-based ``val_check_interval`` longer than an epoch still validates while the
     loader is reloaded every epoch (Lightning restarts its clock at each reload). Lightning's
     clock is replaced by a count of training batches, so nothing waits on time."""
-    from types import SimpleNamespace
-
-    from lightning.pytorch.loops import evaluation_loop, fit_loop, training_epoch_loop
-
-    batches = [0]
-
-    def tick() -> float:  # asked once per training batch, whether to validate
-        batches[0] += 1
-        return float(batches[0])
-
-    monkeypatch.setattr(training_epoch_loop, "time", SimpleNamespace(monotonic=tick))
-    for loop in (fit_loop, evaluation_loop):
-        monkeypatch.setattr(loop, "time", SimpleNamespace(monotonic=lambda: float(batches[0])))
-
+    batches = clock_of_batches(monkeypatch, seconds_per_batch=1.0)
     rows = _train_with_dropout(
         tmp_path, "trainer.max_epochs=10", "trainer.val_check_interval='00:00:00:05'"
     )

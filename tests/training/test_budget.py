@@ -13,7 +13,6 @@ import inspect
 import itertools
 from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -30,7 +29,7 @@ from transformer_mt.training.config import BudgetSettings
 from transformer_mt.training.run import run
 from transformer_mt.training.schedules import lr_factor
 
-from conftest import FAST_TRAIN, compose_train
+from conftest import FAST_TRAIN, clock_of_batches, compose_train
 
 
 class VirtualClockBudget(TrainingBudget):
@@ -294,17 +293,7 @@ def test_validations_fall_at_fixed_fractions_of_a_time_budget(
     hour) and the run stops on a step budget: nothing waits on time, and the real 10 hours
     never end.
     """
-    from lightning.pytorch.loops import evaluation_loop, fit_loop, training_epoch_loop
-
-    batches = [0]
-
-    def tick() -> float:  # asked once per training batch, whether to validate
-        batches[0] += 1
-        return 600.0 * batches[0]
-
-    monkeypatch.setattr(training_epoch_loop, "time", SimpleNamespace(monotonic=tick))
-    for loop in (fit_loop, evaluation_loop):
-        monkeypatch.setattr(loop, "time", SimpleNamespace(monotonic=lambda: 600.0 * batches[0]))
+    clock_of_batches(monkeypatch, seconds_per_batch=600.0)
     settings = [*FAST_TRAIN, "trainer.max_epochs=null", "trainer.max_steps=30"]
     budget = ["trainer.max_time=00:10:00:00", "budget.validations=10", "test_after_fit=false"]
     run(compose_train(tmp_path, [*settings, *budget]))
