@@ -1,8 +1,8 @@
 """The README's results table agrees with the committed records in docs/runs/.
 
 Each row names its record and evaluation in the last cell (`` `name:evaluation` ``); its
-BLEU, tokenized BLEU and chrF must be the record's, its training cell the record's epochs and
-median tokens/s, its machine cell the record's CPU, family and threads. A row without a
+BLEU, tokenized BLEU and chrF must be the record's, its training cell the record's epochs,
+steps and median tokens/s, its machine cell the record's CPU, family and threads. A row without a
 record, a record without its provenance, or one changed digit fails.
 """
 
@@ -72,8 +72,10 @@ def problems(readme: str, records: Path) -> list[str]:
                 found.append(f"{where}: {column} {shown} but the record says {want}")
         training = record.get("training", {})
         speed = training.get("target_tokens_per_s_median")
+        steps = training.get("steps")
         for fact in (
             f"{training.get('epochs')} epochs",
+            f"{steps:,} steps" if steps else "",
             f"{speed:,} target tok/s" if speed else "",
         ):
             if fact and fact not in cells.get("training", ""):
