@@ -132,8 +132,8 @@ def clock_of_batches(monkeypatch: pytest.MonkeyPatch, seconds_per_batch: float) 
         return seconds_per_batch * batches[0]
 
     monkeypatch.setattr(training_epoch_loop, "time", SimpleNamespace(monotonic=tick))
+    now = SimpleNamespace(monotonic=lambda: seconds_per_batch * batches[0])
     for loop in (fit_loop, evaluation_loop):
-        now = SimpleNamespace(monotonic=lambda: seconds_per_batch * batches[0])
         monkeypatch.setattr(loop, "time", now)
     return batches
 
