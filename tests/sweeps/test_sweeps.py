@@ -20,6 +20,7 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
+from transformer_mt.sweeps import host
 from transformer_mt.sweeps.summary import (
     RESULT_FILE,
     SUMMARY_CSV,
@@ -195,7 +196,13 @@ def test_optuna_sweep_prunes_a_trial_below_the_median_and_records_it(tmp_path: P
     assert lrs == [3e-3, 1e-7, 3e-3]
     states = [t.state.name for t in study.trials]
     assert states == ["COMPLETE", "PRUNED", "COMPLETE"]
-    assert study.trials[1].user_attrs == {"pruned_at": 25}
+    assert study.trials[1].user_attrs["pruned_at"] == 25
+    # The machine's speed, measured before each trial against the study's first measurement.
+    reference = study.user_attrs["host_reference"]
+    assert reference["gflops"] > 0 and reference["cpu"] == host.cpu_model()
+    speeds = [t.user_attrs["host"] for t in study.trials]
+    assert speeds[0]["ratio"] == 1.0 and all(s["gflops"] > 0 and s["ratio"] > 0 for s in speeds)
+    assert all(s["waited_s"] == 0 for s in speeds)  # no host_check.min_ratio: never waits
     assert study.trials[1].value == study.trials[1].intermediate_values[25]  # what it reached
     rows = {row["trial"]: row for row in read_summary(sweep_dir)}
     assert [rows[n]["state"] for n in ("0", "1", "2")] == states
@@ -228,6 +235,11 @@ def test_optuna_sweep_prunes_a_trial_below_the_median_and_records_it(tmp_path: P
         pytest.param(
             ["hydra.sweeper.enqueue=[{model.dropout:0.5}]"],
             r"model\.dropout=0\.5 is outside",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            ["hydra.sweeper.host_check.min_ratio=1.5"],
+            r"host_check\.min_ratio must be within \[0, 1\]",
             marks=pytest.mark.slow,
         ),
     ],
@@ -396,7 +408,12 @@ def test_a_two_stage_study_in_a_journal_file_confirms_its_best_trial_once(tmp_pa
     for key, value in best.params.items():  # ... with the best trial's parameters
         assert OmegaConf.select(config, key) == pytest.approx(value)
     confirmed = json.loads((confirm_dir / RESULT_FILE).read_text())
-    assert study.user_attrs == {f"confirm_{best.number}": confirmed["value"]}
+    assert study.user_attrs[f"confirm_{best.number}"] == confirmed["value"]
+    assert set(study.user_attrs) == {
+        f"confirm_{best.number}",
+        f"confirm_{best.number}_host",
+        "host_reference",
+    }
     rows = read_summary(tmp_path / "sweep")
     assert sorted(row["state"] for row in rows) == ["COMPLETE", "COMPLETE", "CONFIRM"]
 

@@ -12,7 +12,8 @@ invocation is one *worker*:
 2. it asks the study for a trial, runs it as one Hydra job (directory ``<sweep dir>/<trial
    number>``) with a heartbeat, tells the study how it ended (COMPLETE, PRUNED, FAIL), and
    repeats until the study holds ``n_trials`` trials, counting those of every worker; the
-   points of ``enqueue`` come first;
+   points of ``enqueue`` come first; before each trial it measures the machine's speed
+   (``host_check``, :mod:`transformer_mt.sweeps.host`);
 3. optionally it re-runs the best ``confirm.top_k`` trials with ``confirm.overrides`` (the
    second stage of a two-stage search), then writes plots of the study.
 
@@ -67,6 +68,17 @@ class ConfirmConf:
 
 
 @dataclass
+class HostCheckConf:
+    """``hydra.sweeper.host_check``: the machine's speed, measured before every trial."""
+
+    # Wait while the machine runs below this share of the study's first measurement (a trial
+    # with a wall-clock budget would take a slow host's value); 0 measures and never waits.
+    min_ratio: float = 0.0
+    # The longest wait; then the trial runs anyway, its stored ratio saying on what.
+    max_wait_minutes: float = 30.0
+
+
+@dataclass
 class OptunaStudySweeperConf:
     # Hydra accepts plugin classes from the hydra_plugins namespace only: the thin class there
     # hands the work to sweep() below.
@@ -90,6 +102,7 @@ class OptunaStudySweeperConf:
     # A worker stops after this many failed trials in a row (a broken setup, not a bad draw).
     max_failures_in_a_row: int = 5
     confirm: ConfirmConf = field(default_factory=ConfirmConf)
+    host_check: HostCheckConf = field(default_factory=HostCheckConf)
     plots: bool = True
     # Set by the sweeper for each of its jobs: the storage id of the trial the job reports to.
     trial_id: int | None = None

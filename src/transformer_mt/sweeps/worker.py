@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 
 from transformer_mt.errors import UserError
 from transformer_mt.files import write_text_atomic
+from transformer_mt.sweeps import host
 from transformer_mt.sweeps import study as st
 from transformer_mt.sweeps.summary import RESULT_FILE, JobResult, write_summary
 from transformer_mt.training import pruning as tp
@@ -65,6 +66,22 @@ def _why_failed(job: JobReturn) -> str:
         "trainer.check_val_every_n_epoch or trainer.val_check_interval, keep "
         "trainer.limit_val_batches above 0, and name a logged metric in optimized_metric"
     )
+
+
+def _host_wait(check: Any) -> host.HostWait:
+    """``hydra.sweeper.host_check`` as a :class:`host.HostWait`, or a UserError."""
+    check = check or {}
+    min_ratio = float(check.get("min_ratio") or 0.0)
+    minutes = check.get("max_wait_minutes")
+    minutes = 30.0 if minutes is None else float(minutes)
+    if not 0.0 <= min_ratio <= 1.0:
+        raise UserError(
+            f"hydra.sweeper.host_check.min_ratio must be within [0, 1] (a share of the study's "
+            f"first measurement; 0: never wait), got {min_ratio}"
+        )
+    if minutes < 0:
+        raise UserError(f"hydra.sweeper.host_check.max_wait_minutes must be >= 0, got {minutes}")
+    return host.HostWait(min_ratio=min_ratio, max_wait_s=60.0 * minutes)
 
 
 class TrialsKeepFailing(RuntimeError):
@@ -117,6 +134,9 @@ class StudyWorker:
                 "[{model.dropout: 0.1, optimizer.lr: 2.1e-3}]"
             )
         st.enqueue_points(self.study, self.space, points)  # type: ignore[arg-type]
+        self.host_wait = _host_wait(settings.get("host_check"))
+        # Every measurement runs on the threads of the first, taken before any trial set its own.
+        self.host_threads: int | None = None
         # Trials read the storage from the environment (a URL may carry a password).
         os.environ[tp.STORAGE_ENV] = self.url
 
@@ -187,7 +207,9 @@ class StudyWorker:
     def _run_trial(self, trial: optuna.Trial) -> tuple[JobReturn, TrialState]:
         overrides = [*self._overrides(trial.params), f"hydra.sweeper.trial_id={trial._trial_id}"]
         log.info("trial %d: %s", trial.number, " ".join(self._overrides(trial.params)))
-        with self._beating(trial._trial_id):
+        with self._beating(trial._trial_id):  # a wait for a slow machine beats too
+            speed = self._host_speed(f"trial {trial.number}")
+            trial.set_user_attr(host.TRIAL_ATTR, speed.attr())
             [job] = self.launcher.launch([overrides], initial_job_idx=trial.number)
         state, value = self._outcome(trial, job)
         if state == TrialState.COMPLETE:
@@ -204,6 +226,54 @@ class StudyWorker:
         if tp.PRUNED_AT in self.storage.get_trial(trial._trial_id).user_attrs:
             return TrialState.PRUNED, value
         return (TrialState.COMPLETE, value) if value is not None else (TrialState.FAIL, None)
+
+    def _host_speed(self, label: str) -> host.HostSpeed:
+        """The machine's speed before ``label`` runs, against the study's first measurement.
+
+        The first measurement of the study becomes its yardstick; with ``host_check.min_ratio``
+        the worker waits here while the machine runs slower than that share of it.
+        """
+        cpu = host.cpu_model()
+        reference = self.study.user_attrs.get(host.REFERENCE)
+        if reference is None:
+            gflops = self._measure_host()
+            self.study.set_user_attr(host.REFERENCE, {"gflops": round(gflops, 1), "cpu": cpu})
+            log.info(
+                "%s: the machine (%s) runs %.0f fp32 GFLOP/s, the study's yardstick",
+                label,
+                cpu,
+                gflops,
+            )
+            return host.HostSpeed(gflops, 1.0, cpu)
+        if reference.get("cpu") != cpu:
+            log.warning(
+                "%s runs on %r, the study's first measurement was on %r: values measured in "
+                "wall clock on two kinds of machine are not comparable",
+                label,
+                cpu,
+                reference.get("cpu"),
+            )
+        first = float(reference["gflops"])
+        gflops, waited = host.measure_until_fast(self._measure_host, first, self.host_wait)
+        log.info(
+            "%s: the machine runs %.0f fp32 GFLOP/s, %.2fx the study's first",
+            label,
+            gflops,
+            gflops / first,
+        )
+        return host.HostSpeed(gflops, gflops / first, cpu, waited)
+
+    def _measure_host(self) -> float:
+        import torch
+
+        before = torch.get_num_threads()
+        if self.host_threads is None:
+            self.host_threads = before
+        torch.set_num_threads(self.host_threads)
+        try:
+            return host.matmul_gflops()
+        finally:
+            torch.set_num_threads(before)
 
     @contextlib.contextmanager
     def _beating(self, trial_id: int) -> Iterator[None]:
@@ -264,6 +334,8 @@ class StudyWorker:
                 f"hydra.sweep.subdir=confirm_{trial.number}",
             ]
             log.info("confirming trial %d: %s", trial.number, " ".join(overrides))
+            speed = self._host_speed(f"the confirmation of trial {trial.number}")
+            self.study.set_user_attr(f"confirm_{trial.number}_{host.TRIAL_ATTR}", speed.attr())
             [job] = self.launcher.launch([overrides], initial_job_idx=trial.number)
             value = st.finite(job._return_value) if job.status != JobStatus.FAILED else None
             if value is not None:

@@ -1,0 +1,119 @@
+"""The machine's speed, measured before each trial of a study (``hydra.sweeper.host_check``).
+
+A study whose trials have a wall-clock budget measures the machine as much as the recipe: a
+host that runs at half speed for an hour gives that hour's trials a slow machine's values, and
+nothing inside a VM need show it (load, steal time and processes all normal). So the worker
+times a fixed fp32 matrix product before every trial and confirmation, stores the figure with
+it (and the CPU's model name), and with ``min_ratio`` > 0 waits while the machine runs below
+that share of the study's first measurement, then runs the trial anyway, marked.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: The study attribute that holds its first measurement, the yardstick of every later one.
+REFERENCE = "host_reference"
+#: The trial attribute that holds the measurement taken before the trial.
+TRIAL_ATTR = "host"
+
+
+def cpu_model() -> str:
+    """The CPU's model name as ``lscpu`` prints it (``/proc/cpuinfo``), else the platform's."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def matmul_gflops(size: int = 1024, repeats: int = 20) -> float:
+    """Median GFLOP/s of ``repeats`` fp32 ``size`` x ``size`` products on torch's threads."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=generator)
+    b = torch.randn(size, size, generator=generator)
+    for _ in range(3):  # the first products pay for allocation and thread start-up
+        a @ b
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / max(statistics.median(times), 1e-9) / 1e9
+
+
+@dataclass
+class HostSpeed:
+    """One measurement before a trial, against the study's first."""
+
+    gflops: float
+    ratio: float  # gflops / the study's first measurement
+    cpu: str
+    waited_s: float = 0.0
+
+    def attr(self) -> dict[str, Any]:
+        """A JSON-safe mapping for a trial's user attributes."""
+        out = asdict(self)
+        out.update(gflops=round(self.gflops, 1), ratio=round(self.ratio, 3))
+        out["waited_s"] = round(self.waited_s)
+        return out
+
+
+@dataclass
+class HostWait:
+    """How long to wait for a slow machine: ``min_ratio`` 0 never waits."""
+
+    min_ratio: float = 0.0
+    max_wait_s: float = 1800.0
+    interval_s: float = 60.0
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+
+
+def measure_until_fast(
+    measure: Callable[[], float], reference: float, wait: HostWait
+) -> tuple[float, float]:
+    """Measure; while below ``wait.min_ratio`` of ``reference``, wait and measure again.
+
+    Returns the last measurement and the seconds slept; gives up after ``wait.max_wait_s``
+    (the trial then runs on the slow machine, and its stored ratio says so).
+    """
+    start, slept = wait.clock(), 0.0
+    gflops = measure()
+    while gflops < wait.min_ratio * reference:
+        waited = wait.clock() - start
+        if waited >= wait.max_wait_s:
+            log.warning(
+                "the machine still runs at %.2fx the study's first measurement after %.0f s "
+                "of waiting; the trial runs anyway, marked with its ratio",
+                gflops / reference,
+                waited,
+            )
+            break
+        log.warning(
+            "the machine runs at %.2fx the study's first measurement (%.0f against %.0f fp32 "
+            "GFLOP/s, hydra.sweeper.host_check.min_ratio=%s): waiting %.0f s before the trial",
+            gflops / reference,
+            gflops,
+            reference,
+            wait.min_ratio,
+            wait.interval_s,
+        )
+        wait.sleep(wait.interval_s)
+        slept += wait.interval_s
+        gflops = measure()
+    return gflops, slept
