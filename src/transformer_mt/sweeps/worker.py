@@ -239,7 +239,7 @@ class StudyWorker:
             gflops = self._measure_host()
             self.study.set_user_attr(host.REFERENCE, {"gflops": round(gflops, 1), "cpu": cpu})
             log.info(
-                "%s: the machine (%s) runs %.0f fp32 GFLOP/s, the study's yardstick",
+                "the machine before %s (%s): %.0f fp32 GFLOP/s, the study's yardstick",
                 label,
                 cpu,
                 gflops,
@@ -256,7 +256,7 @@ class StudyWorker:
         first = float(reference["gflops"])
         gflops, waited = host.measure_until_fast(self._measure_host, first, self.host_wait)
         log.info(
-            "%s: the machine runs %.0f fp32 GFLOP/s, %.2fx the study's first",
+            "the machine before %s: %.0f fp32 GFLOP/s, %.2fx the study's first",
             label,
             gflops,
             gflops / first,
