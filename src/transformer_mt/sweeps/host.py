@@ -1,7 +1,7 @@
 """The machine's speed, measured before each trial of a study (``hydra.sweeper.host_check``).
 
 A study whose trials have a wall-clock budget measures the machine as much as the recipe: a
-host that runs at half speed for an hour gives that hour's trials a slow machine's values, and
+host that slows down for a while gives that while's trials a slow machine's values, and
 nothing inside a VM need show it (load, steal time and processes all normal). So the worker
 times a fixed fp32 matrix product before every trial and confirmation, stores the figure with
 it (and the CPU's model name), and with ``min_ratio`` > 0 waits while the machine runs below

@@ -109,6 +109,7 @@ class StudyWorker:
         self.n_trials = int(settings.n_trials)
         if self.n_trials < 0:
             raise UserError(f"hydra.sweeper.n_trials must be >= 0, got {self.n_trials}")
+        self.host_wait = _host_wait(settings.get("host_check"))  # before the storage is touched
         optuna.logging.disable_default_handler()  # through Hydra's logging: console and file
         optuna.logging.enable_propagation()
         self.url = st.storage_url(settings.get("storage"), self.sweep_dir)
@@ -134,7 +135,6 @@ class StudyWorker:
                 "[{model.dropout: 0.1, optimizer.lr: 2.1e-3}]"
             )
         st.enqueue_points(self.study, self.space, points)  # type: ignore[arg-type]
-        self.host_wait = _host_wait(settings.get("host_check"))
         # Every measurement runs on the threads of the first, taken before any trial set its own.
         self.host_threads: int | None = None
         # Trials read the storage from the environment (a URL may carry a password).
