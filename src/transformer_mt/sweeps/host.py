@@ -4,20 +4,20 @@ A study whose trials have a wall-clock budget measures the machine as much as th
 host that slows down for a while gives that while's trials a slow machine's values, and
 nothing inside a VM need show it (load, steal time and processes all normal). So the worker
 times a fixed fp32 matrix product before every trial and confirmation, stores the figure with
-it (and the CPU's model name), and with ``min_ratio`` > 0 waits while the machine runs below
+it (and the CPU's model), and with ``min_ratio`` > 0 waits while the machine runs below
 that share of the study's first measurement, then runs the trial anyway, marked.
 """
 
 from __future__ import annotations
 
 import logging
-import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
+
+from transformer_mt import provenance
 
 log = logging.getLogger(__name__)
 
@@ -28,15 +28,12 @@ TRIAL_ATTR = "host"
 
 
 def cpu_model() -> str:
-    """The CPU's model name as ``lscpu`` prints it (``/proc/cpuinfo``), else the platform's."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
+    """The CPU as ``lscpu`` names it, with its family and model numbers.
+
+    The name alone does not tell generations apart (one "AMD EPYC" is a Zen 3 or a Zen 4).
+    """
+    family, number = provenance.cpu_family(), provenance.cpu_model_number()
+    return f"{provenance.cpu_model()} (family {family}, model {number})"
 
 
 def matmul_gflops(size: int = 1024, repeats: int = 20) -> float:
