@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from transformer_mt.cli import allocator
 from transformer_mt.model.embedding import TokenEmbedding, TransformerEmbedding
 from transformer_mt.model.transformer import ModelConfig
-from transformer_mt.provenance import machine
+from transformer_mt.provenance import machine, matmul_seconds
 
 #: JSON/markdown tables: a header and rows of already formatted cells.
 Table = tuple[str, list[str], list[list[str]]]
@@ -120,9 +120,7 @@ def median(values: list[float]) -> float:
 
 def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> dict[str, float]:
     """Measured fp32 FLOP/s of one ``n x n @ n x n`` ``torch.matmul`` (median, best)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b  # warm-up
-    times = interleaved_times({"mm": lambda: a @ b}, repeats=repeats, warmup=1)["mm"]
+    times = matmul_seconds(n, repeats, warmup=2)
     flops = 2.0 * n**3
     return {
         "n": n,

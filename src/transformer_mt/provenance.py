@@ -57,6 +57,25 @@ def cpu_model_number(path: Path | None = None) -> int | None:
     return int(number) if number and number.isdigit() else None
 
 
+def matmul_seconds(size: int = 1024, repeats: int = 20, warmup: int = 3) -> list[float]:
+    """Seconds of each of ``repeats`` fp32 ``size`` x ``size`` products on torch's threads.
+
+    One fixed piece of arithmetic, timed after ``warmup`` untimed products (allocation, thread
+    start-up): the machine's speed of the moment, for a benchmark's table or a sweep's trial.
+    """
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=generator)
+    b = torch.randn(size, size, generator=generator)
+    for _ in range(warmup):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def cpu_units(path: Path | None = None) -> list[str]:
     """Which of :data:`CPU_UNITS` the CPU has (empty where ``/proc/cpuinfo`` is missing)."""
     flags = set((_cpuinfo("flags", path) or "").split())

@@ -1,7 +1,7 @@
 """The machine's speed before each trial (``hydra.sweeper.host_check``), without training.
 
-The waiting is decided by a scripted sequence of measurements and a fake clock that moves
-only when the code sleeps; no test here depends on how fast this machine is.
+The waiting is decided by a scripted sequence of measurements and a sleep that only records
+what it was asked; no test here depends on how fast this machine is.
 """
 
 from __future__ import annotations
@@ -17,24 +17,17 @@ from transformer_mt.sweeps.worker import _host_wait
 
 
 class FakeTime:
-    """A clock that advances only by the sleeps asked of it."""
+    """Records the sleeps asked of it and returns at once."""
 
     def __init__(self) -> None:
-        self.now = 0.0
         self.sleeps: list[float] = []
 
     def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
-        self.now += seconds
-
-    def clock(self) -> float:
-        return self.now
 
 
 def _wait(fake: FakeTime, min_ratio: float, max_wait_s: float = 1800.0) -> host.HostWait:
-    return host.HostWait(
-        min_ratio=min_ratio, max_wait_s=max_wait_s, sleep=fake.sleep, clock=fake.clock
-    )
+    return host.HostWait(min_ratio=min_ratio, max_wait_s=max_wait_s, sleep=fake.sleep)
 
 
 def test_a_slow_machine_is_waited_for_until_it_is_back_to_speed() -> None:

@@ -37,20 +37,9 @@ def cpu_model() -> str:
 
 
 def matmul_gflops(size: int = 1024, repeats: int = 20) -> float:
-    """Median GFLOP/s of ``repeats`` fp32 ``size`` x ``size`` products on torch's threads."""
-    import torch
-
-    generator = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=generator)
-    b = torch.randn(size, size, generator=generator)
-    for _ in range(3):  # the first products pay for allocation and thread start-up
-        a @ b
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - start)
-    return 2 * size**3 / max(statistics.median(times), 1e-9) / 1e9
+    """Median fp32 GFLOP/s of ``repeats`` ``size`` x ``size`` products on torch's threads."""
+    seconds = statistics.median(provenance.matmul_seconds(size, repeats))
+    return 2 * size**3 / max(seconds, 1e-9) / 1e9
 
 
 @dataclass
@@ -65,8 +54,9 @@ class HostSpeed:
     def attr(self) -> dict[str, Any]:
         """A JSON-safe mapping for a trial's user attributes."""
         out = asdict(self)
-        out.update(gflops=round(self.gflops, 1), ratio=round(self.ratio, 3))
-        out["waited_s"] = round(self.waited_s)
+        out.update(
+            gflops=round(self.gflops, 1), ratio=round(self.ratio, 3), waited_s=round(self.waited_s)
+        )
         return out
 
 
@@ -74,11 +64,10 @@ class HostSpeed:
 class HostWait:
     """How long to wait for a slow machine: ``min_ratio`` 0 never waits."""
 
-    min_ratio: float = 0.0
-    max_wait_s: float = 1800.0
+    min_ratio: float
+    max_wait_s: float
     interval_s: float = 60.0
     sleep: Callable[[float], None] = time.sleep
-    clock: Callable[[], float] = time.monotonic
 
 
 def measure_until_fast(
@@ -89,16 +78,15 @@ def measure_until_fast(
     Returns the last measurement and the seconds slept; gives up after ``wait.max_wait_s``
     (the trial then runs on the slow machine, and its stored ratio says so).
     """
-    start, slept = wait.clock(), 0.0
+    slept = 0.0
     gflops = measure()
     while gflops < wait.min_ratio * reference:
-        waited = wait.clock() - start
-        if waited >= wait.max_wait_s:
+        if slept >= wait.max_wait_s:
             log.warning(
                 "the machine still runs at %.2fx the study's first measurement after %.0f s "
                 "of waiting; the trial runs anyway, marked with its ratio",
                 gflops / reference,
-                waited,
+                slept,
             )
             break
         log.warning(

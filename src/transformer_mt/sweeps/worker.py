@@ -72,8 +72,9 @@ def _host_wait(check: Any) -> host.HostWait:
     """``hydra.sweeper.host_check`` as a :class:`host.HostWait`, or a UserError."""
     check = check or {}
     min_ratio = float(check.get("min_ratio") or 0.0)
-    minutes = check.get("max_wait_minutes")
-    minutes = 30.0 if minutes is None else float(minutes)
+    # The sweeper's config fills both keys with HostCheckConf's defaults; without a min_ratio
+    # nothing waits, so no default is repeated here.
+    minutes = float(check.get("max_wait_minutes") or 0.0)
     if not 0.0 <= min_ratio <= 1.0:
         raise UserError(
             f"hydra.sweeper.host_check.min_ratio must be within [0, 1] (a share of the study's "
@@ -137,6 +138,7 @@ class StudyWorker:
         st.enqueue_points(self.study, self.space, points)  # type: ignore[arg-type]
         # Every measurement runs on the threads of the first, taken before any trial set its own.
         self.host_threads: int | None = None
+        self.host_cpu = host.cpu_model()
         # Trials read the storage from the environment (a URL may carry a password).
         os.environ[tp.STORAGE_ENV] = self.url
 
@@ -233,7 +235,7 @@ class StudyWorker:
         The first measurement of the study becomes its yardstick; with ``host_check.min_ratio``
         the worker waits here while the machine runs slower than that share of it.
         """
-        cpu = host.cpu_model()
+        cpu = self.host_cpu
         reference = self.study.user_attrs.get(host.REFERENCE)
         if reference is None:
             gflops = self._measure_host()
