@@ -204,7 +204,18 @@ def test_average_of_two_is_the_mean(run_dir: Path, tmp_path: Path) -> None:
     paths = select_checkpoints(run_dir, 2, "last")
     a, b = (load_checkpoint(p)["state_dict"] for p in paths)
     assert any(not torch.equal(a[k], b[k]) for k in a)
-    out = save_checkpoint(average_checkpoints(paths), tmp_path / "avg.ckpt")
+    average = average_checkpoints(paths)
+    # Dated by its latest source, step and epoch alike, whatever the order it was given.
+    sources = [load_checkpoint(p) for p in paths]
+    latest = max(sources, key=lambda c: c["global_step"])
+    assert sources[0]["epoch"] != sources[1]["epoch"]  # one of the two orders starts early
+    assert (average["global_step"], average["epoch"]) == (latest["global_step"], latest["epoch"])
+    reversed_dates = average_checkpoints(paths[::-1])
+    assert (reversed_dates["global_step"], reversed_dates["epoch"]) == (
+        latest["global_step"],
+        latest["epoch"],
+    )
+    out = save_checkpoint(average, tmp_path / "avg.ckpt")
     averaged = load_checkpoint(out)["state_dict"]
     for key in a:
         if a[key].is_floating_point():

@@ -85,23 +85,25 @@ def average_checkpoints(paths: list[str | os.PathLike[str]]) -> dict[str, Any]:
         k: v.to(torch.float64) if v.is_floating_point() else v
         for k, v in first["state_dict"].items()
     }
-    steps = [first.get("global_step")]
+    # (step, epoch) of each source: the average is dated by its latest one, both numbers alike.
+    dates = [(first.get("global_step") or 0, first.get("epoch"))]
     for p in paths[1:]:
         ckpt = load_checkpoint(p)
         _add_to_sums(sums, ckpt, p, first_path, first_meta)
-        steps.append(ckpt.get("global_step"))
+        dates.append((ckpt.get("global_step") or 0, ckpt.get("epoch")))
     n = len(paths)
     reference = first["state_dict"]
     averaged = {
         k: (v / n).to(reference[k].dtype) if v.is_floating_point() else v for k, v in sums.items()
     }
+    latest = max(dates, key=lambda date: date[0])
     meta = copy.deepcopy(first_meta)
     meta.pop("torch_rng_state", None)  # resume state of one run; the average does not resume
     meta["averaged_from"] = [str(p) for p in paths]
     return {
         "state_dict": averaged,
-        "global_step": max((s for s in steps if s is not None), default=0),
-        "epoch": first.get("epoch"),
+        "global_step": latest[0],
+        "epoch": latest[1],
         "hyper_parameters": copy.deepcopy(first.get("hyper_parameters", {})),
         "pytorch-lightning_version": first.get("pytorch-lightning_version"),
         CHECKPOINT_KEY: meta,
