@@ -202,11 +202,11 @@ def test_average_of_copies_is_identity(ckpt: Path, tmp_path: Path) -> None:
 
 def test_average_of_two_is_the_mean(run_dir: Path, tmp_path: Path) -> None:
     paths = select_checkpoints(run_dir, 2, "last")
-    a, b = (load_checkpoint(p)["state_dict"] for p in paths)
+    sources = [load_checkpoint(p) for p in paths]
+    a, b = (source["state_dict"] for source in sources)
     assert any(not torch.equal(a[k], b[k]) for k in a)
     average = average_checkpoints(paths)
     # Dated by its latest source, step and epoch alike, whatever the order it was given.
-    sources = [load_checkpoint(p) for p in paths]
     latest = max(sources, key=lambda c: c["global_step"])
     assert sources[0]["epoch"] != sources[1]["epoch"]  # one of the two orders starts early
     assert (average["global_step"], average["epoch"]) == (latest["global_step"], latest["epoch"])
