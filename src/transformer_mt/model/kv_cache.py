@@ -40,8 +40,12 @@ class KVCache:
         return self._k is None
 
     def set(self, k: Tensor, v: Tensor) -> None:
-        """Store ``k``/``v`` as the whole cache (cross-attention)."""
-        self._k, self._v, self.length = k, v, k.size(2)
+        """Store ``k``/``v`` as the whole cache (cross-attention).
+
+        Stored contiguous: the heads of a projection are strided views, which every later
+        step's batched matmul would otherwise copy again.
+        """
+        self._k, self._v, self.length = k.contiguous(), v.contiguous(), k.size(2)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add ``T`` new positions ``(B, H, T, d)``; return all keys and values so far."""
