@@ -1,8 +1,10 @@
 """Attention benchmark: forward+backward time and saved-activation memory vs sequence length.
 
-Our ``MultiHeadAttention``, fused (``F.scaled_dot_product_attention``) and explicit (the
-paper's equation written out), against ``torch.nn.MultiheadAttention``, at a fixed number of
-tokens per batch, plus the typical MT shape on its own with more repeats. Memory is the bytes
+Our ``MultiHeadAttention``, fused (``F.scaled_dot_product_attention`` at every length) and
+explicit (the paper's equation written out), and as training runs it (``ours``: the explicit
+math for short sentences on a CPU with several threads, the fused kernel otherwise; see
+``MultiHeadAttention._paper_math``), against ``torch.nn.MultiheadAttention``, at a fixed number
+of tokens per batch, plus the typical MT shape on its own with more repeats. Memory is the bytes
 autograd saves for backward (:class:`bench.common.SavedTensorBytes`).
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from unittest import mock
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from bench.common import (
     interleaved_times,
     median,
 )
+from transformer_mt.model import attention
 from transformer_mt.model.attention import MultiHeadAttention
 from transformer_mt.model.config import ModelConfig
 
@@ -76,6 +80,7 @@ def _attention_contenders(d_model: int, n_heads: int) -> dict[str, nn.Module]:
         return MultiHeadAttention(config.attention)
 
     return {
+        "ours": ours(fused=True),
         "ours_fused": ours(fused=True),
         "ours_explicit": ours(fused=False),
         "nn.MultiheadAttention": nn.MultiheadAttention(
@@ -84,8 +89,11 @@ def _attention_contenders(d_model: int, n_heads: int) -> dict[str, nn.Module]:
     }
 
 
-def _attention_step(module: nn.Module, x: Tensor, grad: Tensor) -> Callable[[], None]:
-    """One forward+backward of self-attention on ``x (B, L, d_model)``."""
+def _attention_step(
+    module: nn.Module, x: Tensor, grad: Tensor, kernel_only: bool = False
+) -> Callable[[], None]:
+    """One forward+backward of self-attention on ``x (B, L, d_model)`` (``kernel_only``: the
+    fused kernel at every length, short sentences included)."""
     is_torch = isinstance(module, nn.MultiheadAttention)
 
     def step() -> None:
@@ -98,12 +106,31 @@ def _attention_step(module: nn.Module, x: Tensor, grad: Tensor) -> Callable[[], 
             out = module(x)  # self-attention
         out.backward(grad)
 
-    return step
+    if not kernel_only:
+        return step
+
+    def kernel_step() -> None:
+        with mock.patch.object(attention, "EXPLICIT_BACKWARD_MAX_KEYS", 0):
+            step()
+
+    return kernel_step
 
 
-def _saved_bytes(module: nn.Module, x: Tensor) -> int:
-    """Bytes autograd keeps for backward in one forward of ``module`` (parameters excluded)."""
-    with SavedTensorBytes(exclude=list(module.parameters())) as saved:
+def _steps(modules: dict[str, nn.Module], x: Tensor, grad: Tensor) -> dict[str, Callable[[], None]]:
+    return {
+        name: _attention_step(m, x, grad, kernel_only=name == "ours_fused")
+        for name, m in modules.items()
+    }
+
+
+def _saved_bytes(module: nn.Module, x: Tensor, kernel_only: bool = False) -> int:
+    """Bytes autograd keeps for backward in one forward of ``module`` (parameters excluded;
+    ``kernel_only`` as for :func:`_attention_step`)."""
+    limit = 0 if kernel_only else attention.EXPLICIT_BACKWARD_MAX_KEYS
+    with (
+        mock.patch.object(attention, "EXPLICIT_BACKWARD_MAX_KEYS", limit),
+        SavedTensorBytes(exclude=list(module.parameters())) as saved,
+    ):
         if isinstance(module, nn.MultiheadAttention):
             module(x, x, x, need_weights=False)
         else:
@@ -116,19 +143,19 @@ def _length_row(modules: dict[str, nn.Module], length: int, args: argparse.Names
     batch = max(1, args.tokens // length)
     x = torch.randn(batch, length, args.d_model, requires_grad=True)
     grad = torch.randn(batch, length, args.d_model)
-    steps = {name: _attention_step(m, x, grad) for name, m in modules.items()}
-    times = interleaved_times(steps, repeats=args.repeats, warmup=1)
+    times = interleaved_times(_steps(modules, x, grad), repeats=args.repeats, warmup=1)
     row: dict[str, Any] = {"length": length, "batch": batch}
     for name, m in modules.items():
         row[name] = {
             "median_ms": 1e3 * median(times[name]),
             "min_ms": 1e3 * min(times[name]),
             "times_s": times[name],
-            "saved_bytes": _saved_bytes(m, x),
+            "saved_bytes": _saved_bytes(m, x, kernel_only=name == "ours_fused"),
         }
     ref = row["nn.MultiheadAttention"]["median_ms"]
     row["fused_vs_torch_time"] = row["ours_fused"]["median_ms"] / ref
     row["explicit_vs_torch_time"] = row["ours_explicit"]["median_ms"] / ref
+    row["ours_vs_torch_time"] = row["ours"]["median_ms"] / ref
     return row
 
 
@@ -137,8 +164,9 @@ def _typical(modules: dict[str, nn.Module], args: argparse.Namespace) -> dict[st
     t_len, t_batch = args.typical
     x = torch.randn(t_batch, t_len, args.d_model, requires_grad=True)
     grad = torch.randn(t_batch, t_len, args.d_model)
-    steps = {name: _attention_step(m, x, grad) for name, m in modules.items()}
-    typical_times = interleaved_times(steps, repeats=args.typical_repeats, warmup=2)
+    typical_times = interleaved_times(
+        _steps(modules, x, grad), repeats=args.typical_repeats, warmup=2
+    )
     typical = {name: 1e3 * median(t) for name, t in typical_times.items()}
     return {
         "length": t_len,
@@ -253,15 +281,16 @@ def _plot_attention(rows: list[dict[str, Any]], path: Path) -> Path:
 
 
 def tables(result: dict[str, Any]) -> list[Table]:
-    names = ("ours_fused", "ours_explicit", "nn.MultiheadAttention")
-    header = ["L", "B"] + [f"{n} ms" for n in names] + ["fused/torch", "explicit/torch"]
-    header += [f"{n} MiB" for n in names]
+    names = ("ours", "ours_fused", "ours_explicit", "nn.MultiheadAttention")
+    header = ["L", "B"] + [f"{n} ms" for n in names]
+    header += ["ours/torch", "fused/torch", "explicit/torch"] + [f"{n} MiB" for n in names[1:]]
     rows = []
     for r in result["rows"]:
         row = [str(r["length"]), str(r["batch"])]
         row += [f"{r[n]['median_ms']:.2f}" for n in names]
-        row += [f"{r['fused_vs_torch_time']:.2f}x", f"{r['explicit_vs_torch_time']:.2f}x"]
-        row += [f"{r[n]['saved_bytes'] / 2**20:.1f}" for n in names]
+        ratios = ("ours_vs_torch_time", "fused_vs_torch_time", "explicit_vs_torch_time")
+        row += [f"{r[key]:.2f}x" for key in ratios]
+        row += [f"{r[n]['saved_bytes'] / 2**20:.1f}" for n in names[1:]]
         rows.append(row)
     s = result["settings"]
     title = (
