@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import math
-from unittest import mock
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import Tensor, nn
