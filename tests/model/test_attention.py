@@ -201,11 +201,14 @@ def test_short_sentences_train_through_the_explicit_math_with_several_threads(
         for ours, theirs in zip(mha.parameters(), reference.parameters()):
             torch.testing.assert_close(ours.grad, theirs.grad, atol=1e-5, rtol=1e-5)
             ours.grad, theirs.grad = None, None
-    # Inference (eval mode) keeps the fused kernel at any length.
+    # Inference (eval mode) keeps the fused kernel at any length, and so does a compiled
+    # model (the thread count would break its graph).
     calls.clear()
     with torch.no_grad():
         mha.eval()(torch.randn(2, 5, 16))
-    assert calls == [5]
+    monkeypatch.setattr(attention.torch.compiler, "is_compiling", lambda: True)
+    mha.train()(torch.randn(2, 5, 16)).sum().backward()
+    assert calls == [5, 5]
 
 
 def test_d_k_differs_from_d_v() -> None:

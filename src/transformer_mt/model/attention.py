@@ -209,8 +209,13 @@ class MultiHeadAttention(nn.Module):
         if q.device.type != "cpu":
             return False
         half = q.dtype in (torch.bfloat16, torch.float16)
+        # Under torch.compile the thread count is no constant of the graph (asking for it
+        # breaks the graph), so compiled training keeps the kernel, as it did before the rule.
         short = (
-            self.training and k_len <= EXPLICIT_BACKWARD_MAX_KEYS and torch.get_num_threads() > 1
+            self.training
+            and k_len <= EXPLICIT_BACKWARD_MAX_KEYS
+            and not torch.compiler.is_compiling()
+            and torch.get_num_threads() > 1
         )
         return dropout_p > 0.0 or q.size(2) == 1 or (q.requires_grad and (half or short))
 
