@@ -40,9 +40,9 @@ from transformer_mt.model.dropout import dropout
 from transformer_mt.model.kv_cache import KVCache
 
 #: Longest key sequence that training attends over with the explicit math on a CPU with several
-#: threads: there the fused kernel splits so little work per (sentence, head) over its threads
-#: that it runs slower than the explicit matmuls, most of all in its backward
-#: (docs/benchmarks.md, "Attention over short sentences in training").
+#: threads: on sentences this short the fused kernel gains nothing from a second thread, or
+#: loses, while the explicit matmuls use it, so the explicit math is the faster, most of all in
+#: the backward (docs/benchmarks.md, "Attention over short sentences in training").
 EXPLICIT_BACKWARD_MAX_KEYS = 48
 
 
@@ -201,8 +201,8 @@ class MultiHeadAttention(nn.Module):
         matmuls run on the bf16 units (AMX). Without a backward the fused kernel stays: its
         bf16 forward keeps up with the explicit math's. In any precision, training over short
         sentences (at most :data:`EXPLICIT_BACKWARD_MAX_KEYS` keys) with more than one thread
-        also runs explicitly: the kernel's split of so little work over the threads costs more
-        than the matmuls it saves, most of all in its backward.
+        also runs explicitly: there the kernel gains nothing from the threads while the
+        explicit matmuls do.
         """
         if not self.fused:
             return True
