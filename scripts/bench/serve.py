@@ -185,9 +185,11 @@ def clients(url: str, lines_file: Path, *args: Any) -> dict[str, Any]:
 
 def engine_stages(args: argparse.Namespace, model: Any, lines: list[str]) -> dict[str, float]:
     """Median milliseconds of the engine call's parts for one sentence at a time, in this
-    process: tokenisation, the search, detokenisation (the ``engine`` stage, taken apart)."""
+    process, on the threads the service gives such a call: tokenisation, the search,
+    detokenisation (the ``engine`` stage, taken apart)."""
     translator, search = model.translator_for(None), model.search(beam_size=args.beam_size)
     parts: dict[str, list[float]] = {"tokenise": [], "search": [], "detokenise": []}
+    model.pin_threads(max(search.beam_size, search.nbest))  # one sentence's rows
     for line in lines:
         t0 = time.perf_counter()
         ids = translator.encode([line])

@@ -166,13 +166,14 @@ class ServedModel:
             self.pool.close()
 
     def _threads_for(self, rows: int) -> int:
-        """The thread count :meth:`_pin_threads` sets for a call of ``rows`` rows."""
+        """The thread count :meth:`pin_threads` sets for a call of ``rows`` rows."""
         return 1 if rows < ONE_THREAD_ROWS else max(1, self.threads // self.lanes)
 
-    def _pin_threads(self, rows: int) -> None:
+    def pin_threads(self, rows: int) -> None:
         """Torch's intra-op thread count for a call of ``rows`` rows, set on the calling
         (worker) thread: one for a small call, the lane's share of :attr:`threads` for a large
-        one (the lanes together never ask for more threads than there are)."""
+        one (the lanes together never ask for more threads than there are). :meth:`translate`
+        sets it; a caller timing the engine itself sets it the same way."""
         want = self._threads_for(rows)
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)
@@ -252,7 +253,7 @@ class ServedModel:
                 lines, search, should_stop=should_stop, prefixes=prefixes,
                 constraints=constraints, alignments=alignments, tgt_lang=tgt_lang,
             )  # fmt: skip
-        self._pin_threads(len(lines) * max(search.beam_size, search.nbest))
+        self.pin_threads(len(lines) * max(search.beam_size, search.nbest))
         with stop_when(should_stop):
             return self.translator_for(tgt_lang).translate_batch(
                 lines, search, prefixes=prefixes, constraints=constraints, alignments=alignments
@@ -281,7 +282,7 @@ class ServedModel:
         as for translation, the output to the model's positional limit.
         """
         tok = self.tokenizer
-        self._pin_threads(1)
+        self.pin_threads(1)
         (src_ids,) = self.translator_for(tgt_lang).encode([source], where="source")
         (out_ids,) = tok.encode_tgt_batch([translation.strip()])
         out_ids = out_ids[: self.loaded.config.max_len - 1]  # room for <bos> / <eos>
