@@ -11,6 +11,7 @@ autograd saves for backward (:class:`bench.common.SavedTensorBytes`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -89,53 +90,49 @@ def _attention_contenders(d_model: int, n_heads: int) -> dict[str, nn.Module]:
     }
 
 
-def _attention_step(
-    module: nn.Module, x: Tensor, grad: Tensor, kernel_only: bool = False
-) -> Callable[[], None]:
-    """One forward+backward of self-attention on ``x (B, L, d_model)`` (``kernel_only``: the
-    fused kernel at every length, short sentences included)."""
+#: The contender that runs the fused kernel at every length, short sentences included.
+KERNEL_ONLY = "ours_fused"
+
+
+def _rule_for(name: str) -> Any:
+    """A context in which contender ``name`` runs: :data:`KERNEL_ONLY` with the short-sentence
+    rule switched off, every other as training runs it."""
+    if name == KERNEL_ONLY:
+        return mock.patch.object(attention, "EXPLICIT_BACKWARD_MAX_KEYS", 0)
+    return contextlib.nullcontext()
+
+
+def _attention_step(name: str, module: nn.Module, x: Tensor, grad: Tensor) -> Callable[[], None]:
+    """One forward+backward of contender ``name``'s self-attention on ``x (B, L, d_model)``."""
     is_torch = isinstance(module, nn.MultiheadAttention)
 
     def step() -> None:
         for p in module.parameters():
             p.grad = None
         x.grad = None
-        if is_torch:
-            out = module(x, x, x, need_weights=False)[0]
-        else:
-            out = module(x)  # self-attention
+        with _rule_for(name):  # the forward picks the path
+            if is_torch:
+                out = module(x, x, x, need_weights=False)[0]
+            else:
+                out = module(x)  # self-attention
         out.backward(grad)
 
-    if not kernel_only:
-        return step
-
-    def kernel_step() -> None:
-        with mock.patch.object(attention, "EXPLICIT_BACKWARD_MAX_KEYS", 0):
-            step()
-
-    return kernel_step
+    return step
 
 
-def _steps(modules: dict[str, nn.Module], x: Tensor, grad: Tensor) -> dict[str, Callable[[], None]]:
-    return {
-        name: _attention_step(m, x, grad, kernel_only=name == "ours_fused")
-        for name, m in modules.items()
-    }
-
-
-def _saved_bytes(module: nn.Module, x: Tensor, kernel_only: bool = False) -> int:
-    """Bytes autograd keeps for backward in one forward of ``module`` (parameters excluded;
-    ``kernel_only`` as for :func:`_attention_step`)."""
-    limit = 0 if kernel_only else attention.EXPLICIT_BACKWARD_MAX_KEYS
-    with (
-        mock.patch.object(attention, "EXPLICIT_BACKWARD_MAX_KEYS", limit),
-        SavedTensorBytes(exclude=list(module.parameters())) as saved,
-    ):
+def _saved_bytes(name: str, module: nn.Module, x: Tensor) -> int:
+    """Bytes autograd keeps for backward in one forward of contender ``name`` (parameters
+    excluded)."""
+    with _rule_for(name), SavedTensorBytes(exclude=list(module.parameters())) as saved:
         if isinstance(module, nn.MultiheadAttention):
             module(x, x, x, need_weights=False)
         else:
             module(x)
     return saved.bytes
+
+
+def _steps(modules: dict[str, nn.Module], x: Tensor, grad: Tensor) -> dict[str, Callable[[], None]]:
+    return {name: _attention_step(name, m, x, grad) for name, m in modules.items()}
 
 
 def _length_row(modules: dict[str, nn.Module], length: int, args: argparse.Namespace) -> dict:
@@ -150,7 +147,7 @@ def _length_row(modules: dict[str, nn.Module], length: int, args: argparse.Names
             "median_ms": 1e3 * median(times[name]),
             "min_ms": 1e3 * min(times[name]),
             "times_s": times[name],
-            "saved_bytes": _saved_bytes(m, x, kernel_only=name == "ours_fused"),
+            "saved_bytes": _saved_bytes(name, m, x),
         }
     ref = row["nn.MultiheadAttention"]["median_ms"]
     row["fused_vs_torch_time"] = row["ours_fused"]["median_ms"] / ref
