@@ -29,23 +29,27 @@ def test_compiled_engine_decodes_as_the_plain_engine() -> None:
     plain = TorchEngine(model, bos_id=BOS, eos_id=EOS)
     compiled = TorchEngine(model, bos_id=BOS, eos_id=EOS, compile=True)
     compiled.warm_up()
-    for batch, src_len in ((5, 7), (1, 4), (3, 11), (8, 9)):
+    # One sentence greedy is the lone sentence's graph (MIN_ROWS rows), the rest the general one.
+    for batch, src_len in ((5, 7), (1, 4), (3, 11), (8, 9), (2, 6), (1, 9)):
         src, _ = random_batch(batch=batch, src_len=src_len)
         for search in (SearchConfig(), SearchConfig(beam_size=3, nbest=2)):
             tokens, scores = _outputs(compiled, src, search)
             expected_tokens, expected_scores = _outputs(plain, src, search)
             assert tokens == expected_tokens
             torch.testing.assert_close(scores, expected_scores, atol=1e-4, rtol=1e-5)
-    # The warm-up's first call was the one that found no graph; none has missed since.
+    # The warm-up compiled both graphs (its first calls check every guard); no call has found
+    # no graph since.
     assert compiled.steps is not None
-    assert compiled.steps[0]._misses == {torch.get_num_threads(): 1}
+    threads = torch.get_num_threads()
+    assert compiled.steps[0]._checked == {("lone", threads), ("general", threads)}
+    assert compiled.steps[0]._misses == {}
 
 
 @pytest.mark.slow
 def test_compiled_engines_of_one_shape_each_reach_their_own_graph() -> None:
     """Two models of one shape alone and as an ensemble: four compiled steps of one code, each
-    graph with its model's weights frozen in. Every call reaches its own graph, also once the
-    guards are skipped (the second round)."""
+    lone sentence's graph with its model's weights frozen in. Every call reaches its own
+    model's graph, also once the guards are skipped (the second round)."""
     torch.manual_seed(1)
     a, b = (Transformer(tiny_config()).eval() for _ in range(2))
     pairs = [
@@ -55,14 +59,16 @@ def test_compiled_engines_of_one_shape_each_reach_their_own_graph() -> None:
         )
         for m in (a, b, [a, b])
     ]
-    src, _ = random_batch(batch=4, src_len=8)
+    # A lone sentence greedy reaches the graph whose weights are constants (the lone one).
+    sources = [random_batch(batch=4, src_len=8)[0], random_batch(batch=1, src_len=8)[0]]
     for _ in range(2):
-        for search in (SearchConfig(), SearchConfig(beam_size=3)):
-            for compiled, plain in pairs:
-                tokens, scores = _outputs(compiled, src, search)
-                expected_tokens, expected_scores = _outputs(plain, src, search)
-                assert tokens == expected_tokens
-                torch.testing.assert_close(scores, expected_scores, atol=1e-4, rtol=1e-5)
+        for src in sources:
+            for search in (SearchConfig(), SearchConfig(beam_size=3)):
+                for compiled, plain in pairs:
+                    tokens, scores = _outputs(compiled, src, search)
+                    expected_tokens, expected_scores = _outputs(plain, src, search)
+                    assert tokens == expected_tokens
+                    torch.testing.assert_close(scores, expected_scores, atol=1e-4, rtol=1e-5)
 
 
 def test_compile_refuses_int8_and_ctranslate2() -> None:

@@ -32,13 +32,17 @@ from transformer_mt.inference.search import (
     as_models,
     search_batch,
 )
-from transformer_mt.model.decoding_step import DecodingStep
+from transformer_mt.model.decoding_step import MIN_ROWS, DecodingStep
 from transformer_mt.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
 #: Decoding engines of evaluate.py (``engine=``) and the commands' ``--engine``.
 ENGINES = ("torch", "ctranslate2")
+
+#: Sentences of :meth:`TorchEngine.warm_up`'s searches: a lone sentence and a batch, which reach
+#: the compiled step's two graphs (:class:`DecodingStep`).
+WARM_UP_ROWS = (1, MIN_ROWS + 1)
 
 
 class TorchEngine:
@@ -124,26 +128,34 @@ class TorchEngine:
             out[row] = hyps
         return out
 
-    def warm_up(self, threads: Iterable[int] = ()) -> None:
-        """Compile the decoding step now rather than in the first search (a no-op unless
+    def warm_up(self, threads: Iterable[int] = (), rows: Iterable[int] = WARM_UP_ROWS) -> None:
+        """Compile the decoding step now rather than in the first searches (a no-op unless
         ``compile``), for each of ``threads`` (torch's thread counts the engine will run
-        under; default: the current one): PyTorch compiles a graph per thread count."""
+        under; default: the current one), by a greedy search of each of ``rows`` sentences
+        (default :data:`WARM_UP_ROWS`: both graphs of :class:`DecodingStep`)."""
         if self.steps is None:
             return
         counts = list(dict.fromkeys(threads)) or [torch.get_num_threads()]
-        log.info("compiling the decoding step (once per process; up to a minute on 2 cores)")
+        log.info("compiling the decoding step (once per process; a minute or more on 2 cores)")
         started, before = time.perf_counter(), torch.get_num_threads()
-        pad = self.models[0].pad_id
-        src = torch.full((3, 7), max(self.bos_id, self.eos_id, pad) + 1, device=self.device)
-        src[:, -1], src[1:, -2:] = self.eos_id, pad  # some padding, as real batches have
-        src[1:, -3] = self.eos_id
         try:
             for count in counts:
                 torch.set_num_threads(count)
-                self.decode_batch({"src": src}, SearchConfig(max_len_a=0.0, max_len_b=5))
+                for sentences in rows:
+                    search = SearchConfig(max_len_a=0.0, max_len_b=5)
+                    self.decode_batch({"src": self._warm_up_source(sentences)}, search)
         finally:
             torch.set_num_threads(before)
         log.info("compiled the decoding step in %.0f s", time.perf_counter() - started)
+
+    def _warm_up_source(self, sentences: int) -> torch.Tensor:
+        """``sentences`` sources of the same token, some padded, as real batches are."""
+        pad = self.models[0].pad_id
+        token = max(self.bos_id, self.eos_id, pad) + 1
+        src = torch.full((sentences, 7), token, device=self.device)
+        src[:, -1], src[1:, -2:] = self.eos_id, pad
+        src[1:, -3] = self.eos_id
+        return src
 
     @torch.no_grad()
     def score_batch(self, batch: dict[str, Any]) -> list[list[float]]:

@@ -20,9 +20,13 @@ compute the step, so the math is the paper's; tests hold it equal to ``Transform
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch._inductor.config as inductor_config
 from torch import Tensor
 
 from transformer_mt.model.attention import MultiHeadAttention, scaled_dot_product_attention
@@ -33,13 +37,23 @@ from transformer_mt.model.transformer import Transformer
 #: sizes of one), so one sentence decodes as two identical rows, which costs little more.
 MIN_ROWS = 2
 
-#: Inductor options of the compiled step. ``freezing``: the weights become constants of the
-#: graph (a model that no longer trains); ``cpp_wrapper``: the code that calls the kernels is
+#: Inductor options of the compiled step: ``cpp_wrapper``, the code that calls the kernels is
 #: C++, not Python, which matters when a step is hundreds of small kernels.
-COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True}
+COMPILE_OPTIONS: dict[str, Any] = {"cpp_wrapper": True}
 
+#: Inductor options of the graph for calls of :data:`MIN_ROWS` rows (a lone sentence, greedy):
+#: compiled with the weights frozen in (constants, not inputs), each matrix product is Inductor's
+#: own C++ GEMM or the library's, whichever timed faster when the graph was compiled
+#: (``max_autotune``), and the graph is specialised to its row count. Such a step runs in about
+#: half the general graph's time; larger calls keep the general graph, which one compilation
+#: serves for every row count (docs/benchmarks.md, "A compiled step for a lone sentence").
+LONE_OPTIONS: dict[str, Any] = {
+    **COMPILE_OPTIONS,
+    "max_autotune": True,
+    "max_autotune_gemm_backends": "CPP,ATEN",
+}
 
-#: Calls without a fitting graph after which a thread count's guards are always checked
+#: Calls without a fitting graph after which a graph's guards are always checked (per thread count)
 #: (a graph is compiled at the first such call; later misses mean the shapes keep changing).
 MAX_MISSES = 3
 
@@ -92,23 +106,29 @@ class DecodingStep:
 
     Args:
         model: The model, in eval mode.
-        compile: Run the step through ``torch.compile`` (:data:`COMPILE_OPTIONS`). Shapes are
-            dynamic, so one graph serves every batch size, source length and ``T_max``;
-            PyTorch compiles one per thread count. The graph holds the weights as they were
-            at its first call. The first call compiles (tens of seconds on a small CPU);
-            ``False`` runs the same code eagerly, as tests do.
+        compile: Run the step through ``torch.compile``: calls of :data:`MIN_ROWS` rows
+            through one graph (:data:`LONE_OPTIONS`, the weights frozen in as they are at its
+            first call), larger ones through another (:data:`COMPILE_OPTIONS`). Other shapes
+            are dynamic, so each graph serves every source length and ``T_max``, the second
+            every batch size; PyTorch compiles them per thread count, each at its first call
+            (tens of seconds on a small CPU). ``False`` runs the same code eagerly, as tests
+            do.
     """
 
     def __init__(self, model: Transformer, *, compile: bool = False) -> None:
         self.model = model
         self.compiled = compile
-        self._step = (
-            torch.compile(self.step, dynamic=True, options=COMPILE_OPTIONS)
-            if compile
-            else self.step
-        )
-        #: per thread count, the calls that found no graph with the guards skipped
-        self._misses: dict[int, int] = {}
+        #: per graph ("lone", "general"), the callable that runs it
+        self._graphs: dict[str, Callable[..., Tensor]] = {}
+        if compile:
+            self._graphs = {
+                "lone": torch.compile(self._lone_call, dynamic=True, options=LONE_OPTIONS),
+                "general": torch.compile(self.step, dynamic=True, options=COMPILE_OPTIONS),
+            }
+        #: graphs and thread counts this step has been called with, every guard checked
+        self._checked: set[tuple[str, int]] = set()
+        #: per graph and thread count, the calls that found no graph with the guards skipped
+        self._misses: dict[tuple[str, int], int] = {}
 
     @torch.no_grad()
     def start(self, memory: Tensor, src_mask: Tensor, length: int) -> StepState:
@@ -144,19 +164,33 @@ class DecodingStep:
             self_k=state.self_k, self_v=state.self_v, cross_k=state.cross_k,
             cross_v=state.cross_v, src_mask=state.src_mask,
         )  # fmt: skip
-        threads = torch.get_num_threads()
-        if self.compiled and self._misses.get(threads, 0) < MAX_MISSES:
+        if not self.compiled:
+            return self.step(token, position, **inputs)[:rows]
+        graph = "lone" if rows <= MIN_ROWS else "general"
+        key = (graph, torch.get_num_threads())
+        if key in self._checked and self._misses.get(key, 0) < MAX_MISSES:
             # Checking every guard of the graph (each weight, each input's layout) costs about
             # as much as the step itself. The state's tensors are built here, always alike;
-            # what tells the graphs apart (the thread count) is still checked.
+            # what tells the graphs apart (the thread count, and for the lone graph the model
+            # whose weights it holds) is still checked.
             try:
                 with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                    return self._step(token, position, **inputs)[:rows]
+                    return self._graphs[graph](token, position, **inputs)[:rows]
             except RuntimeError as err:  # no graph fits: refused before anything ran
                 if "Recompilation triggered" not in str(err):
                     raise
-                self._misses[threads] = self._misses.get(threads, 0) + 1
-        return self._step(token, position, **inputs)[:rows]  # every guard checked
+                self._misses[key] = self._misses.get(key, 0) + 1
+        # Every guard checked, always so at this step's first call of a graph: with the guards
+        # skipped, a lone graph another model of this shape compiled would run here.
+        self._checked.add(key)
+        with _freezing(graph == "lone"):  # a graph is compiled here when none fits
+            return self._graphs[graph](token, position, **inputs)[:rows]
+
+    def _lone_call(self, token: Tensor, position: Tensor, **inputs: Any) -> Tensor:
+        """:meth:`step`, entered through a function of its own: PyTorch keeps compiled graphs
+        per function, so the lone sentence's graph and the general one never take each
+        other's place."""
+        return self.step(token, position, **inputs)
 
     def step(
         self,
@@ -223,3 +257,10 @@ def _attend(attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, mask: Ten
     out, _ = scaled_dot_product_attention(q, k, v, mask)  # (n, H, 1, d_v)
     n = out.size(0)
     return attn.out_proj(out.transpose(1, 2).reshape(n, 1, attn.n_heads * attn.d_v))
+
+
+def _freezing(on: bool) -> contextlib.AbstractContextManager[Any]:
+    """Inductor's ``freezing`` switched on globally while a graph may be compiled: Dynamo reads
+    the global switch, not ``torch.compile``'s options, when it decides whether the weights
+    become constants of the graph or stay its inputs."""
+    return inductor_config.patch(freezing=True) if on else contextlib.nullcontext()

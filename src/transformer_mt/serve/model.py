@@ -157,7 +157,9 @@ class ServedModel:
             compiled=compile,
         )  # fmt: skip
         if compile and not workers:  # (workers compile their own)
-            decoder.warm_up({served._threads_for(rows) for rows in (1, ONE_THREAD_ROWS)})
+            # Small calls (a lone sentence and batches), then a large one, on their threads.
+            decoder.warm_up([served._threads_for(1)])
+            decoder.warm_up([served._threads_for(ONE_THREAD_ROWS)], rows=[ONE_THREAD_ROWS])
         return served
 
     def close(self) -> None:
