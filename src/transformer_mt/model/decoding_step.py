@@ -51,6 +51,9 @@ LONE_OPTIONS: dict[str, Any] = {
     **COMPILE_OPTIONS,
     "max_autotune": True,
     "max_autotune_gemm_backends": "CPP,ATEN",
+    # the timings stay out of the user's terminal
+    "autotune_num_choices_displayed": 0,
+    "max_autotune_report_choices_stats": False,
 }
 
 #: Calls without a fitting graph after which a graph's guards are always checked (per thread count)
