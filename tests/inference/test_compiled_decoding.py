@@ -88,13 +88,17 @@ def test_warm_up_without_compile_does_nothing() -> None:
 @pytest.mark.slow
 def test_a_compiled_service_translates_as_the_plain_one() -> None:
     """The service compiles before its first request and says so in ``GET /model``."""
-    from transformer_mt.serve.model import ServedModel
+    from transformer_mt.serve.model import ONE_THREAD_ROWS, ServedModel
 
     ckpt = FIXTURES / "format_v1" / "model.ckpt"
     lines = ["Zwei Männer stehen am Herd.", "Ein Hund.", ""]
     plain = ServedModel.open(ckpt)
     compiled = ServedModel.open(ckpt, compile=True)
     assert compiled.info()["compiled"] and not plain.info()["compiled"]
+    # Compiled before the first request: the lone sentence's graph and the general one on the
+    # small calls' one thread, the general one on the large calls' threads.
+    large = compiled._threads_for(ONE_THREAD_ROWS)
+    assert compiled.engine.steps[0]._checked == {("lone", 1), ("general", 1), ("general", large)}
     for beam in (1, 3):
         search = plain.search(beam_size=beam)
         assert [t.text for t in compiled.translate(lines, search)] == [

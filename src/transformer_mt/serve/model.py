@@ -157,10 +157,15 @@ class ServedModel:
             compiled=compile,
         )  # fmt: skip
         if compile and not workers:  # (workers compile their own)
-            # Small calls (a lone sentence and batches), then a large one, on their threads.
-            decoder.warm_up([served._threads_for(1)])
-            decoder.warm_up([served._threads_for(ONE_THREAD_ROWS)], rows=[ONE_THREAD_ROWS])
+            served._compile()
         return served
+
+    def _compile(self) -> None:
+        """Compile the torch engine's decoding step for the calls :meth:`translate` makes:
+        small ones (a lone sentence, and batches) and large ones, each on its threads."""
+        engine: Any = self.engine  # the torch engine (compile is refused for the others)
+        engine.warm_up([self._threads_for(1)])
+        engine.warm_up([self._threads_for(ONE_THREAD_ROWS)], rows=[ONE_THREAD_ROWS])
 
     def close(self) -> None:
         """Stop the worker processes, if any (the model itself needs no closing)."""
