@@ -44,8 +44,8 @@ COMPILE_OPTIONS: dict[str, Any] = {"cpp_wrapper": True}
 #: Inductor options of the graph for calls of :data:`MIN_ROWS` rows (a lone sentence, greedy):
 #: compiled with the weights frozen in (constants, not inputs), each matrix product is Inductor's
 #: own C++ GEMM or the library's, whichever timed faster when the graph was compiled
-#: (``max_autotune``), and the graph is specialised to its row count. Such a step runs in about
-#: half the general graph's time; larger calls keep the general graph, which one compilation
+#: (``max_autotune``), and the graph is specialised to its row count. Such a step runs far
+#: faster than the general graph's; larger calls keep the general graph, which one compilation
 #: serves for every row count (docs/benchmarks.md, "A compiled step for a lone sentence").
 LONE_OPTIONS: dict[str, Any] = {
     **COMPILE_OPTIONS,
@@ -56,8 +56,8 @@ LONE_OPTIONS: dict[str, Any] = {
     "max_autotune_report_choices_stats": False,
 }
 
-#: Calls without a fitting graph after which a graph's guards are always checked (per thread count)
-#: (a graph is compiled at the first such call; later misses mean the shapes keep changing).
+#: Calls that find no fitting graph (per graph and thread count) after which that graph's guards
+#: are always checked (later misses mean the shapes keep changing).
 MAX_MISSES = 3
 
 
