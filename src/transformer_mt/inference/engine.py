@@ -138,11 +138,11 @@ class TorchEngine:
         counts = list(dict.fromkeys(threads)) or [torch.get_num_threads()]
         log.info("compiling the decoding step (once per process; a minute or more on 2 cores)")
         started, before = time.perf_counter(), torch.get_num_threads()
+        search = SearchConfig(max_len_a=0.0, max_len_b=5)
         try:
             for count in counts:
                 torch.set_num_threads(count)
                 for sentences in rows:
-                    search = SearchConfig(max_len_a=0.0, max_len_b=5)
                     self.decode_batch({"src": self._warm_up_source(sentences)}, search)
         finally:
             torch.set_num_threads(before)

@@ -120,8 +120,7 @@ class DecodingStep:
 
     def __init__(self, model: Transformer, *, compile: bool = False) -> None:
         self.model = model
-        self.compiled = compile
-        #: per graph ("lone", "general"), the callable that runs it
+        #: per graph ("lone", "general"), the callable that runs it (none: the step runs eagerly)
         self._graphs: dict[str, Callable[..., Tensor]] = {}
         if compile:
             self._graphs = {
@@ -167,7 +166,7 @@ class DecodingStep:
             self_k=state.self_k, self_v=state.self_v, cross_k=state.cross_k,
             cross_v=state.cross_v, src_mask=state.src_mask,
         )  # fmt: skip
-        if not self.compiled:
+        if not self._graphs:
             return self.step(token, position, **inputs)[:rows]
         graph = "lone" if rows <= MIN_ROWS else "general"
         key = (graph, torch.get_num_threads())
