@@ -395,11 +395,16 @@ def interleaved_rates(runs: dict[str, Contender], repeats: int) -> dict[str, lis
     return rates
 
 
+def median_ratio(rates: dict[str, list[float]], name: str, base: str) -> float:
+    """The median over repeats of ``name``'s rate / ``base``'s rate in the same repeat."""
+    return statistics.median(a / b for a, b in zip(rates[name], rates[base]))
+
+
 def rows_from(rates: dict[str, list[float]]) -> list[dict[str, Any]]:
     """One row per contender: median tokens/s and the medians of its per-repeat ratios."""
 
     def ratio(name: str, base: str) -> float:
-        return statistics.median(a / b for a, b in zip(rates[name], rates[base]))
+        return median_ratio(rates, name, base)
 
     rows = []
     for name, values in rates.items():
@@ -417,6 +422,43 @@ def rows_from(rates: dict[str, list[float]]) -> list[dict[str, Any]]:
             row["vs_bare_fp32"] = ratio(name, "bare 32-true")
         rows.append(row)
     return rows
+
+
+def goals(rates: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """Issue 31's training goals that this run's contenders can speak to (medians of ratios).
+
+    The bf16 goal is stated for the preset's 60-minute run; the loop's batches measure the step
+    (the real loop's rows when present), which has read higher than whole runs (docs/benchmarks.md).
+    """
+
+    found = []
+    if "bare 32-true" in rates and "nn.Transformer 32-true" in rates:
+        found.append(
+            (
+                "training step >= 1.5x nn.Transformer (fp32, same batches)",
+                median_ratio(rates, "bare 32-true", "nn.Transformer 32-true"),
+                1.5,
+            )
+        )
+    kind = "real" if "real bf16-mixed" in rates and "real 32-true" in rates else "bare"
+    if f"{kind} bf16-mixed" in rates and f"{kind} 32-true" in rates:
+        found.append(
+            (
+                f"bf16-mixed >= 1.3x fp32 tokens/s ({kind} loop; the goal is the 60-minute run's)",
+                median_ratio(rates, f"{kind} bf16-mixed", f"{kind} 32-true"),
+                1.3,
+            )
+        )
+    return [
+        {
+            "goal": goal,
+            "value": round(value, 3),
+            "comparison": ">=",
+            "target": target,
+            "met": value >= target,
+        }
+        for goal, value, target in found
+    ]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -445,6 +487,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "skipped_precisions": skipped,
         },
         "rows": rows_from(rates),
+        "goals": goals(rates),
         "environment": environment(),
     }
 

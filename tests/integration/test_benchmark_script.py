@@ -100,6 +100,29 @@ def test_bad_option_is_one_error_line(benchmark, capsys: pytest.CaptureFixture[s
     assert err == ["error: --warmup (4) must be below --steps (4); lower --warmup or raise --steps"]
 
 
+def test_loop_goals_take_medians_of_paired_ratios(benchmark) -> None:
+    """The loop's goals: ours against nn.Transformer, and bf16 on the real loop when it ran."""
+    from bench.loop import goals
+
+    rates = {
+        "bare 32-true": [100.0, 100.0, 100.0],
+        "real 32-true": [100.0, 90.0, 80.0],
+        "bare bf16-mixed": [200.0, 200.0, 200.0],
+        "real bf16-mixed": [120.0, 126.0, 200.0],
+        "nn.Transformer 32-true": [50.0, 80.0, 70.0],
+    }
+    torch_goal, bf16_goal = goals(rates)
+    # Per repeat 2.0, 1.25, 1.43: the median of the ratios, not the ratio of the medians (1.43).
+    assert torch_goal["goal"].startswith("training step >= 1.5x nn.Transformer")
+    assert (torch_goal["value"], torch_goal["met"]) == (1.429, False)
+    # The real rows decide (1.2, 1.4, 2.5 -> 1.4), not the bare ones (2.0).
+    assert "real loop" in bf16_goal["goal"]
+    assert (bf16_goal["value"], bf16_goal["target"], bf16_goal["met"]) == (1.4, 1.3, True)
+    bare_only = {k: v for k, v in rates.items() if k.startswith("bare")}
+    assert [g["value"] for g in goals(bare_only)] == [2.0]
+    assert goals({"bare 32-true": [1.0]}) == []
+
+
 @pytest.mark.slow
 def test_loop_malloc_quick(benchmark, tmp_path: Path) -> None:
     """Each malloc setting runs in its own process and reports ours, nn.Transformer and faults.

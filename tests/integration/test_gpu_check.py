@@ -54,6 +54,7 @@ def test_loop_benchmark_quick_rows_per_precision(
     }
     assert all(r["tokens_per_s"] > 0 for r in rows.values())
     assert rows[("real", "32-true")]["vs_bare_same_precision"] > 0
+    assert [g["target"] for g in result["goals"]] == [1.5, 1.3]
     assert out.is_file() and result["environment"]["cpu"]
 
 
