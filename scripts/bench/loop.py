@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bench.common import Table, TorchTransformerMT, environment
+from bench.common import Table, TorchTransformerMT, environment, goal
 
 NAME = "loop"
 HELP = "training tokens/s: bare step vs the real Trainer loop vs nn.Transformer"
@@ -402,10 +402,6 @@ def median_ratio(rates: dict[str, list[float]], name: str, base: str) -> float:
 
 def rows_from(rates: dict[str, list[float]]) -> list[dict[str, Any]]:
     """One row per contender: median tokens/s and the medians of its per-repeat ratios."""
-
-    def ratio(name: str, base: str) -> float:
-        return median_ratio(rates, name, base)
-
     rows = []
     for name, values in rates.items():
         kind, precision = name.rsplit(" ", 1)
@@ -417,9 +413,9 @@ def rows_from(rates: dict[str, list[float]]) -> list[dict[str, Any]]:
         }
         same = f"bare {precision}"
         if name != same and same in rates:
-            row["vs_bare_same_precision"] = ratio(name, same)
+            row["vs_bare_same_precision"] = median_ratio(rates, name, same)
         if "bare 32-true" in rates and name != "bare 32-true":
-            row["vs_bare_fp32"] = ratio(name, "bare 32-true")
+            row["vs_bare_fp32"] = median_ratio(rates, name, "bare 32-true")
         rows.append(row)
     return rows
 
@@ -430,11 +426,10 @@ def goals(rates: dict[str, list[float]]) -> list[dict[str, Any]]:
     The bf16 goal is stated for the preset's 60-minute run; the loop's batches measure the step
     (the real loop's rows when present), which has read higher than whole runs (docs/benchmarks.md).
     """
-
     found = []
     if "bare 32-true" in rates and "nn.Transformer 32-true" in rates:
         found.append(
-            (
+            goal(
                 "training step >= 1.5x nn.Transformer (fp32, same batches)",
                 median_ratio(rates, "bare 32-true", "nn.Transformer 32-true"),
                 1.5,
@@ -443,22 +438,13 @@ def goals(rates: dict[str, list[float]]) -> list[dict[str, Any]]:
     kind = "real" if "real bf16-mixed" in rates and "real 32-true" in rates else "bare"
     if f"{kind} bf16-mixed" in rates and f"{kind} 32-true" in rates:
         found.append(
-            (
+            goal(
                 f"bf16-mixed >= 1.3x fp32 tokens/s ({kind} loop; the goal is the 60-minute run's)",
                 median_ratio(rates, f"{kind} bf16-mixed", f"{kind} 32-true"),
                 1.3,
             )
         )
-    return [
-        {
-            "goal": goal,
-            "value": round(value, 3),
-            "comparison": ">=",
-            "target": target,
-            "met": value >= target,
-        }
-        for goal, value, target in found
-    ]
+    return found
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import Table, environment
+from bench.common import Table, environment, goal
 from bench.loop import add_step_arguments, check_steps
 from bench.loop_threads import loop_in_process
 
@@ -105,13 +105,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rows": rows,
         "kept_vs_default_ours": kept["ours_tokens_per_s"] / default["ours_tokens_per_s"],
         "goals": [
-            {
-                "goal": "training step >= 1.5x nn.Transformer (fp32, issue 31)",
-                "value": round(kept["ours_vs_torch"], 3),
-                "comparison": ">=",
-                "target": 1.5,
-                "met": kept["ours_vs_torch"] >= 1.5,
-            }
+            goal(
+                "training step >= 1.5x nn.Transformer (fp32, issue 31)", kept["ours_vs_torch"], 1.5
+            )
         ],
         "environment": environment(),
     }
