@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 from pathlib import Path
+
+import pytest
+import torch
 
 from transformer_mt.provenance import (
     cpu_model,
     cpu_model_number,
     cpu_units,
     machine,
+    peak_resident_bytes,
     source_version,
 )
 
@@ -58,3 +64,23 @@ def test_the_cpu_generation_and_its_units_are_read_from_cpuinfo(tmp_path: Path) 
     recorded = machine()
     assert recorded["cpu_model_number"] == cpu_model_number()
     assert recorded["cpu_units"] == cpu_units()
+
+
+def test_peak_resident_memory_is_in_bytes_and_covers_what_is_held() -> None:
+    statm = Path("/proc/self/statm")
+    if not statm.is_file():
+        pytest.skip("needs Linux's /proc/self/statm to read the resident size")
+    held = torch.ones(32 * 2**20)  # 128 MiB, every page touched
+    resident = int(statm.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    peak = peak_resident_bytes()
+    # The kernel updates its high-water mark lazily, so it may trail the resident size a little;
+    # a unit mistake (KiB, pages) would be off by a thousandfold.
+    assert peak is not None and resident // 2 <= peak < 1000 * resident
+    assert held.sum().item() == held.numel()
+
+
+def test_the_training_summary_shows_the_peak_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    short_run(tmp_path / "run", write_corpus(tmp_path / "corpus"))
+    assert re.search(r"peak memory +│ \d+\.\d\d GB resident", capsys.readouterr().out)

@@ -118,6 +118,20 @@ def machine() -> dict[str, Any]:
     }
 
 
+def peak_resident_bytes() -> int | None:
+    """The most memory this process has held resident so far; None where the OS cannot say.
+
+    A run's memory depends on its precision as much as on its model (bf16 products on a CPU
+    keep a compiled kernel per shape: ``cli/onednn.py``), so the training summary shows it.
+    """
+    try:
+        import resource
+    except ImportError:  # Windows has no getrusage
+        return None
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS counts bytes, Linux KiB
+
+
 def write_run_info(run_dir: Path, overrides: list[str] | None = None) -> dict[str, Any]:
     """Add this start of a run (time, command, code, machine) to ``run_dir/run_info.json``."""
     path = run_dir / RUN_INFO

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from transformer_mt.data.datamodule import TranslationDataModule
 from transformer_mt.errors import NonFiniteLossError, TrainingInterrupted
 from transformer_mt.model.transformer import ModelConfig
-from transformer_mt.provenance import write_run_info
+from transformer_mt.provenance import peak_resident_bytes, write_run_info
 from transformer_mt.training.average import average_path, check_average_last, write_average
 from transformer_mt.training.budget import TrainingBudget, validation_interval
 from transformer_mt.training.callbacks import (
@@ -436,4 +436,7 @@ def _print_summary(
     last = last_checkpoint(trainer)  # the file this run wrote, not a last.ckpt of another run
     if last is not None:
         table.add_row("last checkpoint", last)
+    peak = peak_resident_bytes()
+    if peak is not None:
+        table.add_row("peak memory", f"{peak / 1e9:.2f} GB resident (this process)")
     Console(stderr=False).print(table)
