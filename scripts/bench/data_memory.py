@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import resource
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.common import Table, environment
+from transformer_mt.provenance import peak_resident_bytes
 
 NAME = "data-memory"
 HELP = "time and memory of preparing a large file corpus and loading its first batches"
@@ -78,8 +78,8 @@ class AnonPeak:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far, in MB (``ru_maxrss`` is KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
+    """Peak resident set size of this process so far, in MB."""
+    return (peak_resident_bytes() or 0) / 1e6
 
 
 def dir_mb(path: Path, pattern: str = "*") -> float:
