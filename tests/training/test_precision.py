@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformer_mt.inference.engine import TorchEngine
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.training import precision
+from transformer_mt.training.module import TranslationModule
 from transformer_mt.training.precision import (
     calibrate,
     cpu_bf16_units,
@@ -16,7 +18,14 @@ from transformer_mt.training.precision import (
     resolve_precision,
 )
 
-from conftest import tiny_config
+from conftest import (
+    FAST_TRAIN,
+    best_checkpoint,
+    compose_train,
+    evaluate,
+    tiny_config,
+    trainer_test_metrics,
+)
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
@@ -82,3 +91,35 @@ def test_calibration_leaves_model_and_random_stream_untouched() -> None:
     for key, value in model.state_dict().items():
         torch.testing.assert_close(value, before[key])
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_bf16_mixed_scores_with_the_search_evaluate_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under bf16-mixed the evaluation loss keeps autocast, the search that makes val/bleu and
+    test/bleu runs without it, as evaluate.py's does: the two commands report one score."""
+    from transformer_mt.training.run import run
+
+    autocast: dict[str, list[bool]] = {"loss": [], "search": []}
+    loss, decode = TranslationModule._loss, TorchEngine.decode_batch
+
+    def spy_loss(self, batch):
+        if not self.training:
+            autocast["loss"].append(torch.is_autocast_enabled("cpu"))
+        return loss(self, batch)
+
+    def spy_decode(self, *args, **kwargs):
+        autocast["search"].append(torch.is_autocast_enabled("cpu"))
+        return decode(self, *args, **kwargs)
+
+    monkeypatch.setattr(TranslationModule, "_loss", spy_loss)
+    monkeypatch.setattr(TorchEngine, "decode_batch", spy_decode)
+    overrides = ["callbacks=default", "callbacks.progress_bar=null", "trainer.precision=bf16-mixed"]
+    run(compose_train(tmp_path, [*FAST_TRAIN, *overrides]))
+    monkeypatch.undo()
+    assert autocast["loss"] and all(autocast["loss"])  # the run did evaluate under bf16
+    assert autocast["search"] and not any(autocast["search"])
+    results = evaluate(tmp_path / "evaluate", f"ckpt_path={best_checkpoint(tmp_path)}")
+    expected = trainer_test_metrics(tmp_path)
+    assert results["metrics"]["bleu"] == pytest.approx(expected["test/bleu"], abs=0.01)
+    assert results["metrics"]["chrf"] == pytest.approx(expected["test/chrf"], abs=0.01)

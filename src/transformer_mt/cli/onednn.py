@@ -10,9 +10,10 @@ one epoch of Multi30k asks for several thousand: with the default the cache forg
 kernel before the next epoch needs it again, so every bf16 step compiles anew
 (docs/benchmarks.md, "bf16 on an AMX Xeon"). A larger cache compiles each shape once per run.
 fp32 products (MKL) compile nothing and are unaffected. Each kept kernel holds resident memory,
-so the capacity is also what a bf16 run's memory can grow to as validation's decoding brings
-shapes of its own (docs/training.md); a capacity already in the environment wins, and a smaller
-one trades that memory for compiling forgotten shapes again.
+so the capacity is also what a bf16 run's memory can grow to on a corpus with more shapes than
+it holds (validation decodes in fp32 and adds none: docs/training.md); a capacity already in
+the environment wins, and a smaller one trades that memory for compiling forgotten shapes
+again.
 """
 
 from __future__ import annotations

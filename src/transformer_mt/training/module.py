@@ -232,7 +232,12 @@ class TranslationModule(pl.LightningModule):
         # The decode loop of evaluate.py and translate, one batch at a time (Lightning drives
         # the loop here); _eval_end puts the outputs back in corpus order by index.
         engine = TorchEngine(self.model, bos_id=self.tokenizer.bos_id, eos_id=self.tokenizer.eos_id)
-        hyp_ids = best_tokens(engine.decode_batch(batch, self.search))
+        # The search runs in the weights' own dtype, as those commands run it: under bf16-mixed
+        # autocast would score a bf16 search that no command makes, and on a CPU every new shape
+        # of a bf16 product keeps a compiled kernel, so each validation's decoding would grow
+        # the process (the loss above keeps the training precision, as train/loss has it).
+        with torch.autocast(self.device.type, enabled=False):
+            hyp_ids = best_tokens(engine.decode_batch(batch, self.search))
         hyps = self.tokenizer.decode_hypotheses(hyp_ids)
         for i, src, ref, hyp in zip(
             batch["index"].tolist(), batch["src_text"], batch["tgt_text"], hyps
