@@ -12,9 +12,9 @@ kernel before the next epoch needs it again, so every bf16 step compiles anew
 fp32 products (MKL) compile nothing and are unaffected. Each kept kernel holds resident memory,
 so the capacity is also what a bf16 run's memory can grow to on a corpus with more shapes than
 it holds (validation decodes in fp32 and adds none: docs/training.md); a capacity already in
-the environment wins. A smaller one compiles forgotten shapes again and saves less memory than
-its kernel count suggests, since the heap the commands keep holds what evicted kernels freed
-(docs/benchmarks.md, "The cache's capacity against speed and memory").
+the environment wins. A smaller one compiles forgotten shapes again and has saved less memory
+than its kernel count suggests (docs/benchmarks.md, "The cache's capacity against speed and
+memory").
 """
 
 from __future__ import annotations
