@@ -58,10 +58,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compute-type", help="CTranslate2 weights: int8, float32, ...")
     p.add_argument("--ct2-model", type=Path, help="CTranslate2 dir (else converted at start)")
     p.add_argument("--beam-size", type=int, default=1, help="1 = greedy")
-    p.add_argument(
-        "--compile", action="store_true",
-        help="torch engine: the compiled decoding step, offline and in the server alike",
-    )  # fmt: skip
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--duration", type=float, default=60.0, help="seconds of concurrent load")
     p.add_argument("--single-requests", type=int, default=200, help="one-client requests")
@@ -70,14 +66,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--server-threads", type=int, default=0,
         help="the server's --threads (0: the service's default; --threads is the offline side's)",
-    )  # fmt: skip
-    p.add_argument(
-        "--server-lanes", type=int, default=0,
-        help="the server's --lanes (0: the service's default, one)",
-    )  # fmt: skip
-    p.add_argument(
-        "--server-workers", type=int, default=0,
-        help="the server's --workers (0: none, the service's own process translates)",
     )  # fmt: skip
 
 
@@ -94,8 +82,6 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
         flags += ["--compute-type", args.compute_type]
     if args.ct2_model:
         flags += ["--ct2-model", str(args.ct2_model)]
-    if args.compile:
-        flags.append("--compile")
     return flags
 
 
@@ -103,14 +89,15 @@ def offline_engine(args: argparse.Namespace) -> tuple[Any, Any]:
     """The model and the engine call ``transformer-mt-translate`` builds, with the
     benchmark's options."""
     from transformer_mt.cli.options import converter
+    from transformer_mt.inference.search import SearchConfig
     from transformer_mt.serve.model import ServedModel
 
     model = ServedModel.open(
         args.ckpt, engine=args.engine, ct2_model=args.ct2_model,
-        compute_type=args.compute_type, threads=args.threads, lanes=1,
-        convert=converter(args.engine, args.ct2_model), compile=args.compile,
+        compute_type=args.compute_type, threads=args.threads,
+        convert=converter(args.engine, args.ct2_model),
     )  # fmt: skip
-    search = model.search(beam_size=args.beam_size)
+    search = SearchConfig.from_stored(model.loaded.decoding, beam_size=args.beam_size)
     return model, lambda lines: model.translate(lines, search)
 
 
@@ -126,7 +113,6 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
         [str(script)] if script.exists() else [sys.executable, "-m", "transformer_mt.cli.serve"]
     )
     command += ["--ckpt", str(args.ckpt), "--port", "0", "--threads", str(args.server_threads)]
-    command += ["--lanes", str(args.server_lanes), "--workers", str(args.server_workers)]
     command += ["--window-ms", str(args.window_ms), *engine_flags(args)]
     command = _without_beam(command)
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
@@ -187,7 +173,10 @@ def engine_stages(args: argparse.Namespace, model: Any, lines: list[str]) -> dic
     """Median milliseconds of the engine call's parts for one sentence at a time, in this
     process, on the threads the service gives such a call: tokenisation, the search,
     detokenisation (the ``engine`` stage, taken apart)."""
-    translator, search = model.translator_for(None), model.search(beam_size=args.beam_size)
+    from transformer_mt.inference.search import SearchConfig
+
+    translator = model.translator_for(None)
+    search = SearchConfig.from_stored(model.loaded.decoding, beam_size=args.beam_size)
     parts: dict[str, list[float]] = {"tokenise": [], "search": [], "detokenise": []}
     model.pin_threads(max(search.beam_size, search.nbest))  # one sentence's rows
     for line in lines:
@@ -279,8 +268,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def tables(result: dict[str, Any]) -> list[Table]:
     s, env = result["settings"], result["environment"]
     title = (
-        f"serve: {s['engine']}{' ' + s['compute_type'] if s['compute_type'] else ''}"
-        f"{', compiled' if s.get('compile') else ''}, beam "
+        f"serve: {s['engine']}{' ' + s['compute_type'] if s['compute_type'] else ''}, beam "
         f"{s['beam_size']}, {result['sentences']} sentences, {s['threads']} threads, "
         f"{env['cpu']}, load {env['load_average'][0]:.1f}"
     )

@@ -100,9 +100,19 @@ async def load(url: str, lines: list[str], clients: int, seconds: float, beam: i
     return {"latencies": latencies, "errors": errors, "seconds": elapsed}
 
 
-async def single(url: str, lines: list[str], requests: int, beam: int) -> dict:
-    from transformer_mt.serve.timing import parse
+def parse(value: str) -> dict[str, float]:
+    """A ``Server-Timing`` value as {name: milliseconds} (entries without ``dur`` left out)."""
+    out = {}
+    for entry in value.split(","):
+        name, *params = (part.strip() for part in entry.split(";"))
+        for param in params:
+            key, _, number = param.partition("=")
+            if key.strip() == "dur":
+                out[name] = float(number)
+    return out
 
+
+async def single(url: str, lines: list[str], requests: int, beam: int) -> dict:
     latencies: list[float] = []
     errors: list[str] = []
     stages: list[dict[str, float]] = []

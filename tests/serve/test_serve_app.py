@@ -9,6 +9,7 @@ import json
 import socket
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from transformer_mt.cli.translate import main as translate_main
 from transformer_mt.data.numbers import number_sentences
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.inference.attention_maps import record_maps
+from transformer_mt.inference.search import SearchConfig
 from transformer_mt.inference.translator import Candidate, Translation
 from transformer_mt.model.transformer import ModelConfig, Transformer
 from transformer_mt.serve.app import create_app
@@ -226,15 +228,13 @@ class BlockingModel:
 
     engine_kind = "fake"
     needs_tgt_lang = False
-    lanes = 1
+    defaults = SearchConfig()
 
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
         self.release = threading.Event()
         self.entered = threading.Event()
-
-    def search(self, **options: Any) -> tuple[tuple[str, Any], ...]:
-        return tuple(sorted(options.items()))  # hashable, as the batcher groups by it
+        self.loaded = SimpleNamespace(decoding=None)  # the stored decoding: none
 
     def translate(self, lines: list[str], search: Any, **steer: Any) -> list[Translation]:
         self.calls.append(list(lines))
@@ -378,13 +378,13 @@ def test_command_line_mistakes_are_one_error_line(
             "torch compute type": (
                 ["--ckpt", str(tiny_ckpt), "--compute-type", "int4"],
                 "the torch engine has no compute type 'int4'; use --compute-type int8"),
-            "compiled CTranslate2": (
-                ["--ckpt", str(tiny_ckpt), "--engine", "ctranslate2", "--compile"],
-                "--compile applies to --engine torch only"),
-            "compiled int8": (
-                ["--ckpt", str(tiny_ckpt), "--compile", "--compute-type", "int8"],
-                "the compiled decoding step runs float weights, and compute type int8 quantizes "
-                "them; compile with --compute-type default or do not compile"),
+            "compile, a deleted flag": (
+                ["--ckpt", str(tiny_ckpt), "--compile"], "unrecognized arguments: --compile"),
+            "workers, a deleted flag": (
+                ["--ckpt", str(tiny_ckpt), "--workers", "2"],
+                "unrecognized arguments: --workers 2"),
+            "lanes, a deleted flag": (
+                ["--ckpt", str(tiny_ckpt), "--lanes", "2"], "unrecognized arguments: --lanes 2"),
             "bad limit": (["--ckpt", str(tiny_ckpt), "--max-beam", "0"], "--max-beam: got '0'"),
             "no checkpoint": (["--port", "0"], "required: --ckpt"),
             "a key a header cannot carry": (
@@ -492,7 +492,8 @@ def test_small_engine_calls_run_on_one_thread_and_large_ones_on_all(
     monkeypatch.setattr(torch, "get_num_threads", lambda: 0)
     monkeypatch.setattr(torch, "set_num_threads", set_to.append)
     model = ServedModel.open(tiny_ckpt, threads=3)
-    search, beam4 = model.search(beam_size=1), model.search(beam_size=4)
+    search = SearchConfig.from_stored(model.loaded.decoding, beam_size=1)
+    beam4 = SearchConfig.from_stored(model.loaded.decoding, beam_size=4)
     model.translate(LINES[:2], search)
     model.translate(LINES[:2] * 4, beam4)  # 8 sentences x 4 beams
     model.translate(LINES[:2] * 16, search)
@@ -504,39 +505,3 @@ def test_small_engine_calls_run_on_one_thread_and_large_ones_on_all(
     for threads in (0, 2):
         ServedModel.open(tiny_ckpt, engine="ctranslate2", threads=threads)
     assert opened == [1, 2]
-
-
-@pytest.mark.parametrize("engine", ["torch", "ctranslate2"])
-def test_lanes_translating_at_once_give_the_serial_outputs(
-    tiny_ckpt: Path, tmp_path: Path, engine: str
-) -> None:
-    """Two lanes decode on two threads at the same time (a barrier starts them together, many
-    rounds): every call gets what the same call alone gets, so no state is shared between
-    concurrent searches."""
-    kw: dict[str, Any] = {}
-    if engine == "ctranslate2":
-        pytest.importorskip("ctranslate2", reason="needs the export extra")
-        from transformer_mt.export.convert import export_ctranslate2, export_huggingface
-
-        kw["ct2_model"] = export_ctranslate2(
-            export_huggingface(tiny_ckpt, tmp_path / "hf"), tmp_path / "ct2"
-        )
-    model = ServedModel.open(tiny_ckpt, engine=engine, threads=2, lanes=2, **kw)
-    assert model.info()["lanes"] == 2
-    inputs = [LINES[i:] + LINES[:i] for i in range(2)]
-    search = model.search(beam_size=2)
-    alone = [[t.text for t in model.translate(lines, search)] for lines in inputs]
-    barrier = threading.Barrier(2)
-    got: list[list[list[str]]] = [[], []]
-
-    def lane(i: int) -> None:
-        for _ in range(10):
-            barrier.wait(30)
-            got[i].append([t.text for t in model.translate(inputs[i], search)])
-
-    threads = [threading.Thread(target=lane, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert got == [[alone[0]] * 10, [alone[1]] * 10]

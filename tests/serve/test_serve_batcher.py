@@ -4,13 +4,12 @@ by what is queued and by controlled events, never by the machine's speed."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
 from typing import Any
 
 import pytest
 
-from transformer_mt.serve.batcher import Batcher, Job, QueueFull, split
+from transformer_mt.serve.batcher import Batcher, QueueFull
 
 
 class Stopped(RuntimeError):
@@ -342,101 +341,9 @@ def test_a_job_with_its_own_call_runs_alone_and_counts_as_pending() -> None:
     assert passes == [["p"], ["q"]] and [lines for lines, _ in engine.calls] == [["hold"]]
 
 
-def test_with_two_lanes_a_second_call_runs_while_the_first_is_busy() -> None:
-    """One lane busy with a held call: the next job runs on the other lane and is answered
-    before the first call ends; with one lane it would wait for it."""
-    engine = Engine()
-
-    async def scenario() -> None:
-        batcher = Batcher(engine, max_tokens=100, window_s=0, lanes=2)
-        running = await held(batcher, engine)
-        assert await asyncio.wait_for(batcher.submit(["x"], "a", 1), 30) == ["x:a"]
-        assert not running.done() and batcher.running == 1
-        engine.release.set()
-        assert await running == ["hold:a"]
-        await batcher.stop()
-
-    run(scenario)
-    assert [lines for lines, _ in engine.calls] == [["hold"], ["x"]]
-
-
-def test_with_every_lane_busy_jobs_gather_for_the_next_free_one() -> None:
-    """Two lanes, both held: the jobs that arrive meanwhile stay queued, and share one call once
-    a lane is free (the other still busy, so there is no idle lane to split them with)."""
-    engine = Engine()
-    started = threading.Semaphore(0)
-    release = {"1": threading.Event(), "2": threading.Event()}
-
-    def hold_both(lines: list[str], options: Any, *, stop: threading.Event) -> list[str]:
-        if lines[0] in release:
-            started.release()
-            assert release[lines[0]].wait(30), "the test never released the engine"
-        return engine(lines, options, stop=stop)
-
-    async def scenario() -> None:
-        batcher = Batcher(hold_both, max_tokens=100, window_s=0, lanes=2)
-        wait_started = functools.partial(started.acquire, timeout=30)
-        loop = asyncio.get_running_loop()
-        first = asyncio.ensure_future(batcher.submit(["1"], "a", 1))
-        assert await loop.run_in_executor(None, wait_started)
-        second = asyncio.ensure_future(batcher.submit(["2"], "a", 1))
-        assert await loop.run_in_executor(None, wait_started)
-        assert batcher.running == 2
-        later = [asyncio.ensure_future(batcher.submit([t], "a", 1)) for t in "xyz"]
-        for _ in range(100):
-            await asyncio.sleep(0)
-        assert batcher.pending == 3  # no lane free: nothing was taken
-        release["1"].set()
-        assert await first == ["1:a"]
-        assert [await job for job in later] == [["x:a"], ["y:a"], ["z:a"]]
-        release["2"].set()
-        assert await second == ["2:a"]
-        await batcher.stop()
-
-    run(scenario)
-    assert [lines for lines, _ in engine.calls] == [["1"], ["x", "y", "z"], ["2"]]
-
-
-def test_a_batch_taken_while_lanes_are_idle_is_split_between_them() -> None:
-    """Four jobs queued, two idle lanes: two calls of two consecutive jobs each, and every job
-    still gets its own lines back."""
-    engine = Engine()
-
-    async def scenario() -> None:
-        batcher = Batcher(engine, max_tokens=100, window_s=0, lanes=2)
-        jobs = [asyncio.ensure_future(batcher.submit([t], "a", 1)) for t in "abcd"]
-        assert [await job for job in jobs] == [["a:a"], ["b:a"], ["c:a"], ["d:a"]]
-        assert batcher.batches == 2 and batcher.expected == 2
-        await batcher.stop()
-
-    run(scenario)
-    assert sorted(lines for lines, _ in engine.calls) == [["a", "b"], ["c", "d"]]
-
-
-@pytest.mark.parametrize(
-    ("tokens", "parts", "runs"),
-    [
-        ([5] * 4, 2, [[5, 5], [5, 5]]),
-        ([5] * 5, 3, [[5, 5], [5, 5], [5]]),
-        ([1, 1, 1, 100], 2, [[1, 1, 1], [100]]),
-        ([100, 1, 1, 1], 2, [[100], [1, 1, 1]]),
-        ([3], 4, [[3]]),
-        ([2, 2], 4, [[2], [2]]),
-        ([7, 1, 1, 1, 1, 1, 1, 1], 3, [[7], [1, 1, 1], [1, 1, 1, 1]]),
-    ],
-)
-def test_split_keeps_the_order_and_shares_the_tokens(
-    tokens: list[int], parts: int, runs: list[list[int]]
-) -> None:
-    jobs = [Job([str(i)], "a", t, None) for i, t in enumerate(tokens)]  # type: ignore[arg-type]
-    got = split(jobs, parts)
-    assert [[job.tokens for job in run] for run in got] == runs
-    assert [job for run in got for job in run] == jobs
-
-
-def test_a_job_with_its_own_call_waits_for_every_lane_and_runs_with_nothing_beside() -> None:
+def test_a_job_with_its_own_call_waits_its_turn_and_runs_alone() -> None:
     """An attention pass hooks the model: it starts only once the running call has ended, and
-    a job queued behind it waits until it is done, although a lane was free all along."""
+    a job queued behind it waits until it is done."""
     engine = Engine()
     order: list[str] = []
 
@@ -445,12 +352,11 @@ def test_a_job_with_its_own_call_waits_for_every_lane_and_runs_with_nothing_besi
         return engine(lines, options, stop=stop)
 
     def attend(lines: list[str], options: Any, *, stop: threading.Event) -> list[str]:
-        order.append(f"attend {lines}, {batcher.running} running")
+        order.append(f"attend {lines}")
         return [f"maps of {line}" for line in lines]
 
     async def scenario() -> None:
-        nonlocal batcher
-        batcher = Batcher(translate, max_tokens=100, window_s=0, lanes=2)
+        batcher = Batcher(translate, max_tokens=100, window_s=0)
         running = await held(batcher, engine)
         own = asyncio.ensure_future(batcher.submit(["p"], "a", 1, run=attend))
         behind = asyncio.ensure_future(batcher.submit(["x"], "b", 1))
@@ -462,6 +368,5 @@ def test_a_job_with_its_own_call_waits_for_every_lane_and_runs_with_nothing_besi
         assert await own == ["maps of p"] and await behind == ["x:b"]
         await batcher.stop()
 
-    batcher: Batcher
     run(scenario)
-    assert order == ["call ['hold']", "attend ['p'], 1 running", "call ['x']"]
+    assert order == ["call ['hold']", "attend ['p']", "call ['x']"]

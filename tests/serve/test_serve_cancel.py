@@ -30,7 +30,7 @@ from transformer_mt.inference.search import (
     stop_when,
 )
 from transformer_mt.model.transformer import Transformer
-from transformer_mt.serve.app import _until_gone, create_app
+from transformer_mt.serve.app import create_app, until_gone
 from transformer_mt.serve.limits import Limits
 from transformer_mt.serve.model import ServedModel
 
@@ -111,7 +111,7 @@ def test_an_engine_without_steps_stops_between_its_batches(tiny_ckpt: Path) -> N
     engine = CountingEngine(model.translator.engine)
     model.translator.engine = engine
     model.translator.max_tokens, model.translator.max_sentences = None, 1  # a batch per line
-    search = model.search()
+    search = SearchConfig.from_stored(model.loaded.decoding)
     with pytest.raises(DecodingCancelled):
         model.translate(SOURCES[:4], search, should_stop=lambda: engine.batches >= 2)
     assert engine.batches == 2
@@ -130,7 +130,7 @@ def test_until_gone_gives_the_work_up_at_its_time_out() -> None:
     async def scenario() -> asyncio.Future[None]:
         work: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         with pytest.raises(Exception, match="no answer within 0 s") as caught:
-            await _until_gone(Connected(), work, 0)  # type: ignore[arg-type]
+            await until_gone(Connected(), work, 0)  # type: ignore[arg-type]
         assert caught.value.status == 504  # type: ignore[attr-defined]
         return work
 
@@ -168,10 +168,10 @@ def test_a_client_that_leaves_frees_the_worker_within_one_step(tiny_ckpt: Path) 
     asyncio.run(scenario())
     stopped_at = decoder.calls
     decoder.calls, decoder.hold_at = 0, None
-    alone = model.translate(short["text"], model.search())  # the short request's own steps
+    alone = model.translate(short["text"], model.defaults)  # the short request's own steps
     assert alone and stopped_at - decoder.calls == 2
     decoder.calls = 0
-    model.translate(long["text"], model.search(beam_size=4))
+    model.translate(long["text"], SearchConfig.from_stored(model.loaded.decoding, beam_size=4))
     assert decoder.calls > 10  # what the request would have cost
 
 
@@ -209,5 +209,5 @@ def test_a_real_client_closing_its_socket_stops_the_search(tiny_ckpt: Path) -> N
         assert status == 200 and len(answer["translations"]) == 1
     after = decoder.calls
     decoder.calls, decoder.hold_at = 0, None
-    model.translate([SOURCES[0]], model.search())
+    model.translate([SOURCES[0]], model.defaults)
     assert after - decoder.calls == 2  # the long request cost two decoder calls

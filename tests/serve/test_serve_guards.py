@@ -26,8 +26,8 @@ import uvicorn
 from fastapi.testclient import TestClient
 from test_serve_app import BlockingModel, write_tiny_checkpoint
 
-from transformer_mt.serve import app as app_module
-from transformer_mt.serve.app import LINGER_BYTES, create_app
+from transformer_mt.serve import middleware
+from transformer_mt.serve.app import create_app
 from transformer_mt.serve.limits import Limits
 from transformer_mt.serve.model import ServedModel
 
@@ -110,7 +110,7 @@ def test_a_chunked_body_over_the_limit_is_refused_as_it_streams() -> None:
     chunked = [(b"transfer-encoding", b"chunked")]
     answer = asyncio.run(call_app(app, "/translate", endless(1000), headers=chunked))
     assert answer.status == 413 and answer.chunks_at_answer == MAX_BYTES // 1000 + 1
-    assert answer.chunks_read <= answer.chunks_at_answer + LINGER_BYTES // 1000 + 1
+    assert answer.chunks_read <= answer.chunks_at_answer + middleware.LINGER_BYTES // 1000 + 1
     assert f"more than {MAX_BYTES} bytes" in answer.body["error"]
     assert answer.headers["connection"] == "close"
     # A body within the limit, in small chunks, is read whole and answered.
@@ -128,7 +128,7 @@ def test_a_declared_body_over_the_limit_is_refused_before_it_is_read() -> None:
     declared = [(b"content-length", b"400000000")]
     answer = asyncio.run(call_app(app, "/translate", endless(), headers=declared))
     assert answer.status == 413 and answer.chunks_at_answer == 0
-    assert answer.chunks_read <= LINGER_BYTES // 1000 + 1
+    assert answer.chunks_read <= middleware.LINGER_BYTES // 1000 + 1
     assert "400000000 bytes" in answer.body["error"]
 
 
@@ -182,7 +182,7 @@ def test_a_client_that_sends_its_whole_large_body_still_reads_the_413(
     """A body three times the limit, all of it sent before the client reads: the server drops
     what comes after the answer instead of closing on unread bytes, which would reset the
     connection and lose the 413 (the byte bound decides here: the time bound is lifted)."""
-    monkeypatch.setattr(app_module, "LINGER_S", 600.0)
+    monkeypatch.setattr(middleware, "LINGER_S", 600.0)
     app = create_app(BlockingModel(), SMALL)  # type: ignore[arg-type]
     body = b" " * (3 * MAX_BYTES)
     with live(app) as port, socket.create_connection(("127.0.0.1", port), timeout=60) as conn:

@@ -5,7 +5,7 @@ or mid-request; slow senders and slow readers). Every answer must be one the doc
 valid request must be answered, the server's memory must stay near its size after warm-up, and
 the server must be healthy at the end.
 
-The figures it prints (``pytest -s``) are the ones in docs/serve.md ("Soak run").
+The figures it prints (``pytest -s``) are the ones in docs/serve.md.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, subp
     ckpt = write_tiny_checkpoint(tmp_path_factory.mktemp("soak") / "tiny.ckpt")
     env = {**os.environ, "OMP_NUM_THREADS": "1", KEY_VARIABLE: KEY}
     proc = subprocess.Popen(
-        [*serve_command(), "--ckpt", str(ckpt), "--port", "0", "--threads", "1", "--lanes", "2"],
+        [*serve_command(), "--ckpt", str(ckpt), "--port", "0", "--threads", "1"],
         stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:

@@ -16,9 +16,11 @@ pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[
 from fastapi.testclient import TestClient
 from test_serve_app import LINES, cli_translate, write_tiny_checkpoint
 
-from transformer_mt.serve.app import CallOptions, Service, create_app
+from transformer_mt.inference.search import SearchConfig
+from transformer_mt.serve.app import create_app
 from transformer_mt.serve.limits import Limits
 from transformer_mt.serve.model import ServedModel
+from transformer_mt.serve.service import CallOptions, Service
 
 #: One prefix per line of LINES; an empty source gives an empty output whatever its prefix.
 PREFIXES = ["Gestern hat", "", "Peter", "Ich weiß", "zwölf", "", "Äpfel", ""]
@@ -191,13 +193,14 @@ BAD_STEERING = {
 @pytest.mark.parametrize("case", list(BAD_STEERING))
 def test_bad_steering_is_a_422_line_and_the_service_goes_on(client: Any, case: str) -> None:
     body, words_ = BAD_STEERING[case]
+    before = translate(client, text=[LINES[0]])["translations"][0]
     response = client.post("/translate", json=body)
     assert response.status_code == 422, response.text
     assert list(response.json()) == ["error"] and response.text.count("\n") == 0
     message = response.json()["error"]
     assert words_ in message and "; " in message, message
     assert "Traceback" not in message and "Error" not in message
-    assert translate(client, text=[LINES[0]])["translations"][0] is not None
+    assert translate(client, text=[LINES[0]])["translations"][0] == before
 
 
 def test_prefix_and_constraint_characters_count_in_the_limit(client: Any) -> None:
@@ -222,7 +225,7 @@ def test_coalesced_requests_keep_their_own_prefixes(tiny_ckpt: Path) -> None:
     """Two requests queued before the batching task runs share one engine call (one batch);
     each gets its own prefixes back, and the outputs of one engine call per request."""
     model = ServedModel.open(tiny_ckpt)
-    search = model.search(sampling_topk=0, seed=11)
+    search = SearchConfig.from_stored(model.loaded.decoding, sampling_topk=0, seed=11)
     requests = [(LINES[:2], ["Gestern", "Wir"]), (LINES[2:4], ["", "Ich"])]
     alone = [
         model.translate(lines, search, prefixes=prefixes, alignments=True)

@@ -1,48 +1,31 @@
 """``transformer-mt-serve``: a checkpoint behind HTTP (uvicorn), with the attention page at ``/``.
 
-``transformer-mt-serve --ckpt run/checkpoints/last.ckpt [--engine ctranslate2 --compute-type
-int8] [--host 127.0.0.1] [--port 8000]``
-
-The socket is bound before the model loads, so a port in use is one ``error:`` line (exit 2)
-and not a traceback after a long start-up; ``--port 0`` takes a free port. The line
-``serving on http://HOST:PORT`` on stderr says where the service answers once it does.
-
-Every number is checked as it is parsed (NaN, infinities and values out of range are one
-``error:`` line), and an address other than loopback needs an API key
-(``TRANSFORMER_MT_API_KEY`` or ``--api-key``) unless ``--insecure`` says to serve it openly.
+The socket is bound before the model loads, so a port in use is one ``error:`` line, not a
+traceback after a long start-up. An address other than loopback needs an API key unless
+``--insecure``.
 """
 
 from __future__ import annotations
-
-import os
-
-# isort: off
-# First, before anything imports torch: OpenMP reads how its threads wait only when torch loads.
-import transformer_mt.cli.openmp  # noqa: F401  (sets the short spin)
-import transformer_mt.cli.onednn  # noqa: F401  (sizes oneDNN's kernel cache)
-
-# isort: on
 
 import argparse
 import ipaddress
 import logging
 import math
+import os
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from typing import NoReturn
 
 from transformer_mt.cli.options import (
-    add_compile_argument,
     add_engine_arguments,
     check_engine_flags,
     converter,
     user_error,
 )
 from transformer_mt.errors import EXIT_USER_ERROR
-from transformer_mt.serve.limits import RANGES, Limits
-
-log = logging.getLogger(__name__)
+from transformer_mt.serve.limits import Limits
 
 #: The environment variable that holds the API key (kept out of ``ps``, unlike ``--api-key``).
 KEY_VARIABLE = "TRANSFORMER_MT_API_KEY"
@@ -56,31 +39,17 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def finite_float(low: float, high: float) -> Callable[[str], float]:
-    """An argparse ``type``: a finite number in ``low..high`` (NaN and infinities refused)."""
+def in_range(low: float, high: float, *, whole: bool = False) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number (``whole``: a whole one) in ``low..high``."""
+    want = f"a whole number in {low:.0f}..{high:.0f}" if whole else f"a number in {low:g}..{high:g}"
 
     def parse(text: str) -> float:
         try:
-            value = float(text)
+            value: float = int(text) if whole else float(text)
         except ValueError:
             value = math.nan
-        if not (math.isfinite(value) and low <= value <= high):
-            raise argparse.ArgumentTypeError(f"got {text!r}, want a number in {low:g}..{high:g}")
-        return value
-
-    return parse
-
-
-def int_range(low: int, high: int) -> Callable[[str], int]:
-    """An argparse ``type``: a whole number in ``low..high``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"got {text!r}, want a whole number in {low}..{high}")
+        if not low <= value <= high:  # NaN and infinities too
+            raise argparse.ArgumentTypeError(f"got {text!r}, want {want}")
         return value
 
     return parse
@@ -103,57 +72,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="checkpoint (.ckpt) written by train.py; repeat it for an ensemble (torch engine)",
     )
     add_engine_arguments(parser)
-    add_compile_argument(parser)
     parser.add_argument(
         "--tgt-lang",
         help="the language a multilingual checkpoint translates into, for every request",
     )
-    _add_engine_processes(parser)
-    _add_access_arguments(parser)
-    defaults = Limits()
-    for name, text in (
-        ("max_sentences", "sentences per request"),
-        ("max_chars", "characters per request"),
-        ("max_beam", "largest beam size a request may ask for"),
-        ("timeout_s", "seconds a request may wait for its answer"),
-        ("max_pending", "sentences waiting before requests get 503"),
-        ("batch_tokens", "source tokens per batch"),
-        ("window_ms", "most milliseconds a batch waits for the requests it expects"),
-        ("max_attention_values", "attention weights one /attention answer may hold"),
-    ):
-        default, (low, high) = getattr(defaults, name), RANGES[name]
-        whole = isinstance(default, int)
-        kind = int_range(int(low), int(high)) if whole else finite_float(low, high)
-        flag = "--" + name.replace("_", "-")
-        parser.add_argument(
-            flag, type=kind, default=default, help=f"{text}, {low:g}..{high:g} (default {default})"
-        )
-    return parser
-
-
-def _add_engine_processes(parser: argparse.ArgumentParser) -> None:
-    """How many engine calls run at once, on how many threads and processes."""
     parser.add_argument(
         "--threads",
-        type=int_range(0, 1024),
+        type=in_range(0, 1024, whole=True),
         default=0,
         help="engine threads of large batches (0 = the cores; small batches, and CTranslate2 "
         "unless set, run on one)",
     )
-    parser.add_argument(
-        "--lanes",
-        type=int_range(0, 1024),
-        default=0,
-        help="engine calls that may run at once, each on its own thread and its share of "
-        "--threads (0 = 1: one call at a time, a large one on every thread)",
-    )
-    parser.add_argument(
-        "--workers",
-        type=int_range(0, 256),
-        default=0,
-        help="engine worker processes, each with the model, one call at a time and its share "
-        "of --threads (0 = none: the service's own process translates); use instead of --lanes",
-    )
+    _add_access_arguments(parser)
+    for limit in fields(Limits):
+        (low, high), default = limit.metadata["range"], limit.default
+        kind = in_range(low, high, whole=isinstance(default, int))
+        text = f"{limit.metadata['help']}, {low:g}..{high:g} (default {default})"
+        flag = "--" + limit.name.replace("_", "-")
+        parser.add_argument(flag, type=kind, default=default, help=text)
+    return parser
 
 
 def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
@@ -162,7 +99,7 @@ def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine)"
     )
     parser.add_argument(
-        "--port", type=int_range(0, 65535), default=8000, help="port (0 = any free port)"
+        "--port", type=in_range(0, 65535, whole=True), default=8000, help="port (0 = any free port)"
     )
     parser.add_argument(
         "--api-key",
@@ -175,11 +112,6 @@ def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve an address other than loopback without an API key (anyone who reaches it "
         "may use the model)",
     )
-
-
-def limits_from(args: argparse.Namespace) -> Limits:
-    """The :class:`Limits` of the command line (each flag was checked as it was parsed)."""
-    return Limits(**{name: getattr(args, name) for name in RANGES})
 
 
 def api_key(args: argparse.Namespace) -> str | None:
@@ -202,16 +134,18 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def check_exposure(sock: socket.socket, host: str, key: str | None, insecure: bool) -> None:
-    """Refuse (a ``ValueError``) to serve beyond this machine without a key, unless
-    ``--insecure``; then say so once on stderr."""
+def listen(args: argparse.Namespace, key: str | None) -> socket.socket:
+    """The socket of ``--host``/``--port``; a ``ValueError`` for an address beyond this
+    machine without a key, unless ``--insecure`` (then a warning line on stderr)."""
+    sock = bind(args.host, args.port)
     address, port = sock.getsockname()[:2]
     if key or is_loopback(address):
-        return
-    if not insecure:
+        return sock
+    if not args.insecure:
+        sock.close()
         raise ValueError(
-            f"--host {host} serves every machine that can reach {address}:{port}, and no API "
-            f"key is set; set {KEY_VARIABLE} (or --api-key), bind --host 127.0.0.1, or add "
+            f"--host {args.host} serves every machine that can reach {address}:{port}, and no "
+            f"API key is set; set {KEY_VARIABLE} (or --api-key), bind --host 127.0.0.1, or add "
             "--insecure to serve without a key"
         )
     print(
@@ -219,16 +153,6 @@ def check_exposure(sock: socket.socket, host: str, key: str | None, insecure: bo
         "reach it may use the model",
         file=sys.stderr,
     )
-
-
-def listen(args: argparse.Namespace, key: str | None) -> socket.socket:
-    """The socket of ``--host``/``--port``, once :func:`check_exposure` allows it."""
-    sock = bind(args.host, args.port)
-    try:
-        check_exposure(sock, args.host, key, args.insecure)
-    except ValueError:
-        sock.close()
-        raise
     return sock
 
 
@@ -268,7 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USER_ERROR
     try:
         check_engine_flags(args)
-        limits, key = limits_from(args), api_key(args)
+        limits = Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)})
+        key = api_key(args)
         sock = listen(args, key)
     except (ValueError, OSError) as err:
         return user_error(err)
@@ -276,8 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             model = ServedModel.open(
                 args.ckpt, engine=args.engine, ct2_model=args.ct2_model,
-                compute_type=args.compute_type, threads=args.threads, lanes=args.lanes,
-                tgt_lang=args.tgt_lang, workers=args.workers, compile=args.compile,
+                compute_type=args.compute_type, threads=args.threads, tgt_lang=args.tgt_lang,
                 convert=converter(args.engine, args.ct2_model),
             )  # fmt: skip
         except (ValueError, OSError) as err:
@@ -289,8 +213,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             uvicorn.Server(config).run(sockets=[sock])
         except KeyboardInterrupt:
             return 130
-        finally:
-            model.close()
     return 0
 
 

@@ -1,7 +1,7 @@
 """The HTTP service: ``transformer-mt-serve`` and its attention page.
 
-:mod:`~transformer_mt.serve.model` holds the model, :mod:`~transformer_mt.serve.batcher` puts
-concurrent requests into shared engine calls, :mod:`~transformer_mt.serve.app` is the FastAPI
-application and :mod:`~transformer_mt.cli.serve` the command. Needs the ``serve`` extra
-(FastAPI, uvicorn); imports neither Lightning nor the training wing.
+By layer: :mod:`~.middleware` (body limit, API key), :mod:`~.schemas` (the request bodies),
+:mod:`~.service` (requests into searches, checks, the batcher's jobs) and :mod:`~.app` (the
+routes); :mod:`~.model` holds the model and :mod:`~.batcher` shares its engine calls. Needs the
+``serve`` extra (FastAPI, uvicorn); imports neither Lightning nor the training wing.
 """

@@ -1,18 +1,11 @@
-"""Where one request's time goes, told to the client in a ``Server-Timing`` header.
-
-:class:`ServerTiming` (ASGI middleware) starts a :class:`Stopwatch` when a request's headers
-have been read and puts it where the route finds it (``request.state.timing``); the route and
-the batcher mark the moments a request passes (the body parsed, the job queued, taken into a
-batch, the engine call begun and ended on the worker thread, the route resumed), and the
-middleware turns the marks into one ``Server-Timing`` header (W3C Server Timing) on the answer:
+"""Where one request's time goes, told to the client in a ``Server-Timing`` header (W3C):
 
     server-timing: read;dur=0.41, check;dur=0.12, queue;dur=0.03, handoff;dur=0.09,
                    engine;dur=11.8, resume;dur=0.07, answer;dur=0.35, total;dur=12.9
 
 Each ``dur`` is in milliseconds, between consecutive marks; ``total`` runs from the headers to
-the answer's start. Browsers show the header in their network panel, and
-``scripts/benchmark.py serve`` reads it to break a lone request down (docs/serve.md). Marking is
-two clock reads a stage: every request carries it.
+the answer's start. The route and the batcher mark a request's :class:`Stopwatch`
+(``request.state.timing``); marking is two clock reads a stage, so every request carries it.
 """
 
 from __future__ import annotations
@@ -20,13 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-#: The stages in the order a request passes them, each named after the mark that ends it:
-#: ``read`` (the body read, parsed and validated), ``check`` (the request's options and sizes
-#: checked, its source tokens counted), ``queue`` (waiting for a batch, the batching window
-#: included), ``handoff`` (to the worker thread), ``engine`` (the engine call: tokenisation,
-#: search and detokenisation of the whole batch) and ``resume`` (back to the event loop); then
-#: ``answer`` (the answer built and encoded as JSON) runs from the last mark to the answer's
-#: start.
+#: The stages in the order a request passes them, each named after the mark that ends it;
+#: ``answer`` runs from the last mark to the answer's start (docs/serve.md).
 STAGES = ("read", "check", "queue", "handoff", "engine", "resume")
 
 
@@ -60,19 +48,6 @@ class Stopwatch:
 def header(durations: list[tuple[str, float]]) -> bytes:
     """The ``Server-Timing`` value of ``durations``."""
     return ", ".join(f"{name};dur={ms:.3f}" for name, ms in durations).encode()
-
-
-def parse(value: str) -> dict[str, float]:
-    """A ``Server-Timing`` value as {name: milliseconds} (entries without ``dur`` are left
-    out)."""
-    out = {}
-    for entry in value.split(","):
-        name, *params = (part.strip() for part in entry.split(";"))
-        for param in params:
-            key, _, number = param.partition("=")
-            if key.strip() == "dur":
-                out[name] = float(number)
-    return out
 
 
 class ServerTiming:

@@ -1,0 +1,102 @@
+"""The request bodies (pydantic: strict, no unknown field) and what a malformed one is told.
+
+No field names a path, so a client cannot make the server read or write a file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class DecodingFields(BaseModel):
+    """Decoding options a request may set; absent = the checkpoint's stored default."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    beam_size: int | None = Field(None, description="beam size (1 = greedy)")
+    length_penalty: float | None = Field(
+        None, description="alpha of the checkpoint's length normalisation, gnmt or power (>= 0)"
+    )
+    sampling_topk: int | None = Field(
+        None,
+        description="sample each token from the K most likely (0 = the whole vocabulary) "
+        "instead of searching; beam_size must be 1",
+    )
+    sampling_topp: float | None = Field(
+        None, description="sample from the most likely tokens whose probability reaches P, (0, 1]"
+    )
+    temperature: float | None = Field(
+        None, description="sampling temperature (> 0; > 1 flattens the distribution)"
+    )
+    seed: int | None = Field(
+        None, description="sampling seed: the same seed and sentence give the same samples"
+    )
+    tgt_lang: str | None = Field(
+        None,
+        description="the language to translate into, for a multilingual model (default: the "
+        "service's --tgt-lang); GET /model lists target_languages",
+    )
+
+
+#: The request fields that set sampling, passed to the search as they are.
+SAMPLING_FIELDS = ("sampling_topk", "sampling_topp", "temperature", "seed")
+
+
+class TranslateRequest(DecodingFields):
+    text: list[str] = Field(description="the sentences to translate, one per item")
+    nbest: int | None = Field(
+        None,
+        description="also return the n best hypotheses of each sentence (<= beam_size; with "
+        "sampling, the samples drawn per sentence)",
+    )
+    prefix: list[str] | None = Field(
+        None,
+        description='one target prefix per text item ("" for none): each output starts with it',
+    )
+    constraints: list[list[str]] | None = Field(
+        None,
+        description="target phrases per text item ([] for none) that each output contains "
+        "(beam search, torch engine)",
+    )
+    alignments: bool = Field(
+        False, description="add each output's word alignment to its source (Pharaoh i-j pairs)"
+    )
+
+
+class AttentionRequest(DecodingFields):
+    text: str = Field(description="one source sentence")
+    translation: str | None = Field(
+        None, description="the output to attend over (default: the model's translation)"
+    )
+
+
+def validation_message(exc: RequestValidationError, known: Iterable[str]) -> tuple[int, str]:
+    """The first problem of a request body as one line, and its status (``known``: the
+    route's options)."""
+    problems = exc.errors()
+    first = problems[0] if problems else {}
+    kind, where = first.get("type", ""), [str(p) for p in first.get("loc", ()) if p != "body"]
+    if kind == "json_invalid":
+        return (
+            400,
+            'the request body is not valid JSON; send a JSON object such as {"text": ["..."]}',
+        )
+    if kind == "extra_forbidden":
+        return 422, f"unknown option {'.'.join(where)!r}; the options are {', '.join(known)}"
+    if kind == "missing" and where:
+        return 422, f'{".".join(where)} is missing; send a JSON object such as {{"text": ["..."]}}'
+    place = ".".join(where) or "body"
+    return 422, f"{place}: {first.get('msg', 'invalid value')}; see /docs for the request schema"
+
+
+def spell(setting: str, value: Any) -> str:
+    """A fix as this service's user writes it: a request field as JSON, anything else as the
+    flag of ``transformer-mt-serve`` (``--engine torch``)."""
+    if setting in TranslateRequest.model_fields:
+        return f'"{setting}": {json.dumps(value)}'
+    return f"transformer-mt-serve --{setting.replace('_', '-')} {value}"
