@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt
 
 from transformer_mt.checkpoint import CheckpointError, LoadedModel, load_model, resolve_device
 from transformer_mt.inference.attention_maps import KINDS, record_maps
-from transformer_mt.inference.search import SearchConfig, generate
+from transformer_mt.inference.search import SearchConfig, search_batch
 
 
 @torch.no_grad()
@@ -45,10 +45,8 @@ def attention_maps(
     src_ids = tok.encode_src_batch([sentence])[0][: loaded.config.max_len - 1]
     src = torch.tensor([[*src_ids, tok.eos_id]], device=loaded.device)  # (1, S)
     search = SearchConfig(beam_size=1, max_len_b=max_len_b)
-    out = generate(loaded.model, src, bos_id=tok.bos_id, eos_id=tok.eos_id, search=search)[
-        0
-    ].tolist()
-    out = out[: out.index(tok.eos_id)] if tok.eos_id in out else out
+    found = search_batch(loaded.model, src, bos_id=tok.bos_id, eos_id=tok.eos_id, search=search)
+    out = found[0][0].tokens
     maps = record_maps(loaded, src_ids, out)
     weights = {kind: getattr(maps, kind) for kind in KINDS}
     translation = tok.decode_tgt_batch([out])[0]

@@ -43,13 +43,14 @@ def environment() -> dict[str, Any]:
 
     The OpenMP variables are recorded because they change CPU timings (OpenMP reads them once,
     when torch loads), and so are what malloc does with freed memory (cli/allocator.py) and how
-    many compiled bf16 kernels oneDNN keeps (cli/onednn.py);
+    many compiled bf16 kernels oneDNN keeps (cli/entry.py);
     ``cuda`` names the GPU, if any.
     """
     return {
         **machine(),  # CPU model, family, units, cores, threads, load, versions: as runs record
         "inter_op_threads": torch.get_num_interop_threads(),
-        "malloc": allocator.describe(),
+        # scripts/benchmark.py keeps freed memory in the heap at start-up, as train.py does.
+        "malloc": "as the environment sets it" if allocator.user_chose() else "kept in the heap",
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "ONEDNN_PRIMITIVE_CACHE_CAPACITY": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"),
@@ -396,3 +397,16 @@ def write_json(result: dict[str, Any], path: Path) -> None:
     """Write ``result`` as indented JSON, creating the folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def generate(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, search: Any) -> Tensor:
+    """The best output of :func:`~transformer_mt.inference.search.search_batch` as ids
+    ``(B, L)``: eos-ended, then padding (the shape other libraries' ``generate`` returns)."""
+    from transformer_mt.inference.search import search_batch
+
+    found = search_batch(model, src, bos_id=bos_id, eos_id=eos_id, search=search)
+    best = [[*hyps[0].tokens, eos_id] for hyps in found]
+    out = torch.full((len(best), max(map(len, best))), model.pad_id, dtype=torch.long)
+    for b, ids in enumerate(best):
+        out[b, : len(ids)] = torch.tensor(ids)
+    return out.to(src.device)

@@ -24,6 +24,7 @@ from bench.common import (
     add_model_arguments,
     add_profile_argument,
     environment,
+    generate,
     goal,
     interleaved_times,
     median,
@@ -33,7 +34,7 @@ from bench.common import (
     synthetic_batch,
     top_ops,
 )
-from transformer_mt.inference.search import SearchConfig, generate
+from transformer_mt.inference.search import SearchConfig
 from transformer_mt.model.transformer import ModelConfig, Transformer
 
 NAME = "decode"

@@ -18,7 +18,7 @@ translates Multi30k test2016 (``--data-dir``) with every engine, with sacreBLEU 
         --data-dir ../shared/data/multi30k --out docs/benchmarks/engines_multi30k_de_en.json
 
 Timings are medians over ``--repeats`` interleaved rounds (every round runs each engine once).
-Each engine family runs in a process of its own (torch: ours, compiled, int8 and ``generate``;
+Each engine family runs in a process of its own (torch: ours, int8 and ``generate``;
 CTranslate2: fp32 and int8), and the rounds alternate between them, one process working at a
 time: in one process, torch and CTranslate2 each slow the other down once the other has
 translated (docs/benchmarks.md). ``--one-process`` puts every engine in one process, as the
@@ -48,7 +48,7 @@ QUICK = {
 }  # fmt: skip
 #: The engines by the library they run on; each family gets a process of its own.
 FAMILIES = {
-    "torch": ("ours", "ours_compiled", "ours_int8", "transformers"),
+    "torch": ("ours", "ours_int8", "transformers"),
     "ctranslate2": ("ct2_float32", "ct2_int8"),
 }
 ENGINES = tuple(name for names in FAMILIES.values() for name in names)
@@ -125,10 +125,7 @@ def engines(
 
         # generate warns at every call that our cap overrides the exported max_length
         transformers.logging.set_verbosity_error()
-        compiled = TorchEngine.from_loaded(loaded, compile=True)
-        compiled.warm_up()  # the compile itself stays out of the timings
         e["hf"] = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf_dir).eval()
-        e["ours_compiled"] = compiled
         e["ours_int8"] = TorchEngine.from_loaded(loaded, compute_type="int8")
     if "ctranslate2" in families:
         from transformer_mt.inference.ctranslate2_engine import CTranslate2Engine
@@ -278,7 +275,8 @@ def random_contenders(
     e: dict[str, Any], src: torch.Tensor, beam: int, *, new_tokens: int, batch: int
 ) -> dict[str, Callable[[], Any]]:
     """One call per engine decoding ``src`` for ``new_tokens`` steps with beam ``beam``."""
-    from transformer_mt.inference.search import SearchConfig, generate
+    from bench.common import generate
+    from transformer_mt.inference.search import SearchConfig
 
     loaded, hf = e["loaded"], e.get("hf")
     eos = loaded.tokenizer.eos_id
@@ -310,11 +308,8 @@ def random_contenders(
 
     calls: dict[str, Callable[[], Any]] = {}
     if "hf" in e:
-        int8, steps = e["ours_int8"].models[0], e["ours_compiled"].steps
+        int8 = e["ours_int8"].models[0]
         calls["ours"] = lambda: generate(loaded.model, src, bos_id=1, eos_id=eos, search=search)
-        calls["ours_compiled"] = lambda: generate(
-            loaded.model, src, bos_id=1, eos_id=eos, search=search, decoding_steps=steps
-        )
         calls["ours_int8"] = lambda: generate(int8, src, bos_id=1, eos_id=eos, search=search)
         calls["transformers"] = hf_generate
     if "ct2_float32" in e:
@@ -433,10 +428,8 @@ def checkpoint_contenders(
     calls: dict[str, Callable[[int], list[str]]] = {}
     if "hf" in e:
         int8 = Translator(loaded, search, max_sentences=batch, engine=e["ours_int8"])
-        compiled = Translator(loaded, search, max_sentences=batch, engine=e["ours_compiled"])
         decode = loaded.tokenizer.decode_hypotheses
         calls["ours"] = lambda n: decode(ours.translate_ids(ids[:n]))
-        calls["ours_compiled"] = lambda n: decode(compiled.translate_ids(ids[:n]))
         calls["ours_int8"] = lambda n: decode(int8.translate_ids(ids[:n]))
         calls["transformers"] = hf_translator(e, ids, search, batch)
     for name in ("ct2_float32", "ct2_int8"):

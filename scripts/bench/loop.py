@@ -191,7 +191,7 @@ def bare_runner(
     model: nn.Module, cfg: Any, pad_id: int, precision: str, device: torch.device
 ) -> Callable[[list[dict[str, Tensor]]], None]:
     """A function that trains ``model`` on a list of batches with the plainest possible loop."""
-    from transformer_mt.training.loss import chunked_label_smoothed_loss, label_smoothed_loss
+    from transformer_mt.training.loss import label_smoothed_loss
 
     model = model.to(device).train()
     if precision == "bf16-true":
@@ -205,22 +205,9 @@ def bare_runner(
         else contextlib.nullcontext
     )
 
-    # module.loss_chunk_tokens, as TranslationModule applies it (our model only).
-    chunk = int(cfg.module.loss_chunk_tokens or 0) if hasattr(model, "decoder_states") else 0
-
     def loss_of(batch: dict[str, Tensor]) -> Tensor:
         tgt = batch["tgt"]
         with autocast():
-            if chunk:
-                states = model.decoder_states(batch["src"], tgt[:, :-1])  # (B, T, d_model)
-                return chunked_label_smoothed_loss(
-                    states,
-                    model.generator.weight,
-                    tgt[:, 1:],
-                    pad_id=pad_id,
-                    label_smoothing=smoothing,
-                    chunk_tokens=chunk,
-                )[0]
             logits = model(batch["src"], tgt[:, :-1])  # (B, T, V)
         return label_smoothed_loss(logits, tgt[:, 1:], pad_id, smoothing)[0]
 
@@ -465,7 +452,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "repeats": args.repeats,
             "target_tokens_per_batch": setup.tokens,
             "max_tokens": int(setup.cfg.data.max_tokens),
-            "loss_chunk_tokens": int(setup.cfg.module.loss_chunk_tokens or 0),
             "overrides": list(args.override),
             "log_every_n_steps": int(setup.cfg.trainer.log_every_n_steps),
             "device": str(device),

@@ -60,12 +60,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=4)
     p.add_argument("--matmul-n", type=int, default=2048, help="size of the peak-FLOPs matmul")
     p.add_argument(
-        "--loss-chunk",
-        type=int,
-        default=0,
-        help="also time ours with module.loss_chunk_tokens=N (the chunked projection + loss)",
-    )
-    p.add_argument(
         "--compile",
         action="store_true",
         help="also time both models under torch.compile (compilation happens in the warmup)",
@@ -121,35 +115,6 @@ def _train_step(
             tgt_out.reshape(-1),
             ignore_index=PAD,
             label_smoothing=label_smoothing,
-        )
-        loss.backward()
-        optimizer.step()
-
-    return step
-
-
-def _chunked_step(
-    model: Transformer,
-    optimizer: torch.optim.Optimizer,
-    batch: tuple[Tensor, Tensor, Tensor],
-    label_smoothing: float,
-    chunk: int,
-) -> Callable[[], None]:
-    """The step of :func:`_train_step` with the loss of ``module.loss_chunk_tokens``."""
-    from transformer_mt.training.loss import chunked_label_smoothed_loss
-
-    src, tgt_in, tgt_out = batch
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        states = model.decoder_states(src, tgt_in)  # (B, T, d_model)
-        loss, _, _ = chunked_label_smoothed_loss(
-            states,
-            model.generator.weight,
-            tgt_out,
-            pad_id=PAD,
-            label_smoothing=label_smoothing,
-            chunk_tokens=chunk,
         )
         loss.backward()
         optimizer.step()
@@ -226,13 +191,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         name: _train_step(m, torch.optim.Adam(m.parameters(), lr=1e-4), batch, 0.1)
         for name, m in models.items()
     }
-    if args.loss_chunk:
-        chunked = Transformer(config).train()
-        chunked.load_state_dict(models["ours"].state_dict())
-        name = f"ours, loss in chunks of {args.loss_chunk}"
-        models[name] = chunked
-        optimizer = torch.optim.Adam(chunked.parameters(), lr=1e-4)
-        steps[name] = _chunked_step(chunked, optimizer, batch, 0.1, args.loss_chunk)
     peak = matmul_peak_flops(args.matmul_n)
     times = interleaved_times(steps, repeats=args.repeats, warmup=2)
     peak_after = matmul_peak_flops(args.matmul_n)  # the shared machine drifts: bracket it

@@ -8,7 +8,6 @@ import torch
 from transformer_mt.inference.search import (
     SearchConfig,
     beam_search,
-    generate,
     greedy_search,
     length_penalty,
     search_batch,
@@ -71,15 +70,16 @@ def test_beam_one_equals_greedy(tiny_model: Transformer) -> None:
 
 def test_greedy_matches_step_by_step_argmax(tiny_model: Transformer) -> None:
     src, _ = random_batch(batch=1)
-    out = generate(
+    found = search_batch(
         tiny_model, src, bos_id=BOS, eos_id=EOS, search=SearchConfig(max_len_a=0, max_len_b=6)
     )
+    out = [[*found[0][0].tokens, EOS]]
     prefix = torch.tensor([[BOS]])
-    for t in range(out.size(1)):
+    for t in range(len(out[0])):
         logits = tiny_model(src, prefix)[:, -1]
         logits[:, [PAD, BOS]] = float("-inf")
         token = EOS if t == 5 else int(logits.argmax())
-        assert int(out[0, t]) == token
+        assert out[0][t] == token
         prefix = torch.cat([prefix, torch.tensor([[token]])], dim=1)
 
 
@@ -161,20 +161,16 @@ def test_output_length_cap(tiny_model: Transformer) -> None:
     src_len = (src != PAD).sum(1)
     for beam_size in (1, 3):
         search = SearchConfig(beam_size=beam_size, max_len_a=0.5, max_len_b=2)
-        out = generate(tiny_model, src, bos_id=BOS, eos_id=EOS, search=search)
+        found = search_batch(tiny_model, src, bos_id=BOS, eos_id=EOS, search=search)
         for b in range(3):
-            hyp = [int(t) for t in out[b] if t != PAD]
-            assert hyp[-1] == EOS
-            assert len(hyp) <= int(0.5 * src_len[b] + 2)
+            assert len(found[b][0].tokens) + 1 <= int(0.5 * src_len[b] + 2)  # <eos> counted
 
 
-def test_every_row_ends_with_eos_then_padding(tiny_model: Transformer) -> None:
+def test_outputs_hold_no_special_token(tiny_model: Transformer) -> None:
     src, _ = random_batch(batch=5)
-    out = generate(tiny_model, src, bos_id=BOS, eos_id=EOS, search=SearchConfig(beam_size=2))
-    for row in out.tolist():
-        end = row.index(EOS)
-        assert all(t == PAD for t in row[end + 1 :])
-        assert PAD not in row[:end] and BOS not in row[:end]
+    found = search_batch(tiny_model, src, bos_id=BOS, eos_id=EOS, search=SearchConfig(beam_size=2))
+    for hyps in found:
+        assert not {PAD, BOS, EOS} & set(hyps[0].tokens)
 
 
 def test_search_config_rejects_bad_beam() -> None:

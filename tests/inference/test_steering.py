@@ -1,4 +1,4 @@
-"""Steerable search: sampling, forced prefixes and lexical constraints in search.py."""
+"""Steerable search: sampling, forced prefixes and lexical constraints in inference/search/."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from transformer_mt.errors import SettingError
-from transformer_mt.inference.constraints import Candidate, ConstraintState, allocate
 from transformer_mt.inference.search import SearchConfig, Steering, search_batch
+from transformer_mt.inference.search.constraints import ConstraintState, Extension, allocate
 from transformer_mt.model.transformer import Transformer
 
 from conftest import BOS, EOS, random_batch
@@ -178,8 +178,8 @@ def test_constraint_state_follows_phrases_in_any_order() -> None:
 def test_allocation_spreads_the_beam_over_progress_banks() -> None:
     phrases = ((5, 6),)
     none, half = ConstraintState(phrases), ConstraintState(phrases).advance(5)
-    cands = [Candidate(-1.0 - i, i, 10 + i, none) for i in range(6)]
-    cands.append(Candidate(-20.0, 0, 5, half))
+    cands = [Extension(-1.0 - i, i, 10 + i, none) for i in range(6)]
+    cands.append(Extension(-20.0, 0, 5, half))
     kept = allocate(cands, 4)
     assert len(kept) == 4 and any(c.state.progress == 1 for c in kept)
     # A bank that cannot fill its share leaves the slots to the others.

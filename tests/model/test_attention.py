@@ -13,7 +13,6 @@ from torch import Tensor, nn
 from transformer_mt.model.attention import (
     MultiHeadAttention,
     causal_mask,
-    frozen_weights,
     padding_mask,
     record_attention_weights,
     scaled_dot_product_attention,
@@ -440,34 +439,6 @@ def test_eval_after_a_fused_optimizer_step_uses_the_new_weights() -> None:
         after = mha(x)
         torch.testing.assert_close(after, reference(x))
     assert not torch.allclose(after, before)
-
-
-def test_frozen_weights_join_once_and_are_dropped_on_leaving(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Inside frozen_weights every step reads the same joined QKV weight (the output bit for
-    bit the unfrozen one); leaving drops it, so a fused optimizer step afterwards is seen."""
-    mha = _mha(16, 4).eval()
-    x = torch.randn(2, 5, 16)
-    joins = []
-    cat = torch.cat
-    monkeypatch.setattr(torch, "cat", lambda ts, *a, **k: joins.append(len(ts)) or cat(ts, *a, **k))
-    with torch.no_grad():
-        plain = mha(x)
-        joins.clear()
-        with frozen_weights(mha), frozen_weights(mha):  # nested: the outer one owns them
-            steps = [mha(x) for _ in range(3)]
-        assert joins == [3, 3]  # the weights and the biases of Q, K, V, once
-        assert mha._joined is None
-    for step in steps:
-        torch.testing.assert_close(step, plain, rtol=0, atol=0)
-    mha.train()
-    optimizer = torch.optim.AdamW(mha.parameters(), lr=0.1, fused=True)
-    mha(x).square().sum().backward()
-    optimizer.step()
-    mha.eval()
-    with torch.no_grad(), frozen_weights(mha):
-        assert not torch.allclose(mha(x), plain)
 
 
 def test_kv_cache_with_gradients_keeps_autograd_working() -> None:

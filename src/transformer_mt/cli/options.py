@@ -73,16 +73,6 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_compile_argument(parser: argparse.ArgumentParser) -> None:
-    """``--compile``: the torch engine's compiled decoding step (commands that search)."""
-    parser.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch engine: compile the decoding step first (torch.compile; a minute on a small "
-        "CPU, then each step costs less; same outputs)",
-    )
-
-
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of every command that decodes or scores with checkpoints."""
     parser.add_argument(
@@ -114,11 +104,6 @@ def check_engine_flags(args: argparse.Namespace) -> None:
     for name, value in (("--ct2-model", args.ct2_model),):
         if value is not None and args.engine != "ctranslate2":
             raise ValueError(f"{name} applies to --engine ctranslate2 only; add it")
-    if getattr(args, "compile", False) and args.engine != "torch":
-        raise ValueError(
-            "--compile applies to --engine torch only (CTranslate2 runs its own compiled "
-            "kernels); leave it out"
-        )
 
 
 def converter(engine: str | None, ct2_model: str | None) -> Converter | None:
@@ -140,7 +125,6 @@ def open_translator(args: argparse.Namespace) -> Translator:
             cannot decode these checkpoints.
     """
     check_engine_flags(args)
-    compile = getattr(args, "compile", False)  # the commands that search have --compile
     device = resolve_device(args.device)
     loaded = [load_model(path, device) for path in args.ckpt]
     engine = open_engine(
@@ -149,12 +133,7 @@ def open_translator(args: argparse.Namespace) -> Translator:
         ct2_model=args.ct2_model,
         compute_type=args.compute_type,
         convert=converter(args.engine, args.ct2_model),
-        compile=compile,
     )
-    if compile:
-        if not args.quiet:  # the commands log warnings only: say why the first minute is quiet
-            print("compiling the decoding step (up to a minute on 2 cores)", file=sys.stderr)
-        engine.warm_up()  # type: ignore[attr-defined]  # the torch engine's
     return Translator(
         loaded,
         max_tokens=args.max_tokens,

@@ -24,7 +24,6 @@ from typing import BinaryIO, TextIO
 from transformer_mt.checkpoint import CheckpointError
 from transformer_mt.cli.options import (
     ERRORS_FIX,
-    add_compile_argument,
     add_errors_argument,
     add_model_arguments,
     configure_logging,
@@ -74,7 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: transformer-mt-translate --ckpt run/last.ckpt < in.en > out.de",
     )
     add_model_arguments(parser)
-    add_compile_argument(parser)
     parser.add_argument(
         "-i", "--input", default="-", help="input file, one sentence a line ('-' = stdin)"
     )
@@ -178,10 +176,8 @@ def _check_input_text(name: str, errors: str) -> None:
 
 @contextlib.contextmanager
 def _open_output(name: str) -> Iterator[TextIO]:
-    """stdout, or the file written through a temporary file and renamed when complete.
-
-    A failed or interrupted run therefore leaves an existing output file as it was.
-    """
+    """stdout, or the file written through a temporary file and renamed when complete (a
+    failed run leaves an existing output as it was)."""
     if name != "-":
         with atomic_write(name, "w", encoding="utf-8", newline="\n") as handle:
             yield handle
@@ -277,12 +273,8 @@ def format_translation(translation: Translation, index: int, args: argparse.Name
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; returns the exit status.
-
-    A user error (missing or unsafe checkpoint, bad option, input that is not UTF-8, an
-    output that would overwrite an input) is one ``error:`` line on stderr and status 2, as
-    for train.py and evaluate.py (transformer_mt.errors); Ctrl-C gives 130.
-    """
+    """Command-line entry point; returns the exit status: 2 with one ``error:`` line for a
+    user error (docs/errors.md), 130 for Ctrl-C."""
     args = build_parser().parse_args(argv)
     configure_logging(args.quiet)
     try:

@@ -11,7 +11,7 @@ it weighs most (one link per output word, as a markup transfer needs).
 An output piece is read at the decoder position that predicts it (:data:`ALIGNMENT_SHIFT`).
 The layer and the position were chosen on the embedded number task, whose names, nouns,
 places and days have known translations, and by agreement with eflomal on Multi30k
-(``scripts/alignment_check.py``; docs/evaluation.md, "Steering the decoder"). With a cached
+(``scripts/alignment_check.py``; docs/evaluation.md). With a cached
 decoder the weights are the same as a teacher-forced pass's, so the pass gives the alignment of
 the search's own attention.
 """

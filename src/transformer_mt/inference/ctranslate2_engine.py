@@ -48,8 +48,6 @@ class CTranslate2Engine:
         compute_type: ``"default"`` (the stored weights), ``"int8"``, ``"float32"``, ...
         threads: intra-op threads (0 = CTranslate2's default).
         device: ``"cpu"`` or ``"cuda"``.
-        lanes: translations that may run at once, each on threads of its own (CTranslate2's
-            ``inter_threads``): the service's concurrent engine calls.
     """
 
     def __init__(
@@ -60,7 +58,6 @@ class CTranslate2Engine:
         threads: int = 0,
         device: str = "cpu",
         tokenizer: Tokenizer | None = None,
-        lanes: int = 1,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.tokenizer = read_model_tokenizer(self.model_dir, tokenizer)
@@ -68,7 +65,7 @@ class CTranslate2Engine:
         generation = _read_json(self.model_dir / "generation_config.json")
         self.max_len = int(generation.get("max_length") or 1024)
         self.compute_type = check_compute_type(compute_type, device)
-        self.translator = _load_translator(self.model_dir, compute_type, threads, device, lanes)
+        self.translator = _load_translator(self.model_dir, compute_type, threads, device)
         self._tmp: Any = None
 
     @classmethod
@@ -253,9 +250,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _load_translator(
-    model_dir: Path, compute_type: str, threads: int, device: str, lanes: int = 1
-) -> Any:
+def _load_translator(model_dir: Path, compute_type: str, threads: int, device: str) -> Any:
     """The ``ctranslate2.Translator``; one line naming the cause when it cannot load."""
     ctranslate2 = require_export_extra("ctranslate2")
     try:
@@ -263,7 +258,6 @@ def _load_translator(
             str(model_dir),
             device=device,
             compute_type=compute_type,
-            inter_threads=lanes,
             intra_threads=threads,
         )
     except ValueError as err:  # a compute type or device this machine cannot run

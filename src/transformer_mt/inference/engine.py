@@ -12,9 +12,8 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +31,12 @@ from transformer_mt.inference.search import (
     as_models,
     search_batch,
 )
-from transformer_mt.model.decoding_step import MIN_ROWS, DecodingStep
 from transformer_mt.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
 #: Decoding engines of evaluate.py (``engine=``) and the commands' ``--engine``.
 ENGINES = ("torch", "ctranslate2")
-
-#: Sentences of :meth:`TorchEngine.warm_up`'s searches: a lone sentence and a batch, which reach
-#: the compiled step's two graphs (:class:`DecodingStep`).
-WARM_UP_ROWS = (1, MIN_ROWS + 1)
 
 
 class TorchEngine:
@@ -52,9 +46,6 @@ class TorchEngine:
         models: A model, or several sharing one tokenizer (see :func:`check_ensemble`).
         bos_id, eos_id: The tokenizer's special ids.
         compute_type: See :data:`TORCH_COMPUTE_TYPES`.
-        compile: Decode through a compiled :class:`DecodingStep` per model (``torch.compile``):
-            the same outputs, at a fraction of the eager step's per-operation cost. The first
-            searches compile it (:meth:`warm_up` does so at once); float models only.
     """
 
     def __init__(
@@ -64,29 +55,18 @@ class TorchEngine:
         bos_id: int,
         eos_id: int,
         compute_type: str = "default",
-        compile: bool = False,
     ) -> None:
         self.compute_type = check_torch_compute_type(compute_type)
-        if compile and compute_type == "int8":
-            raise SettingError(
-                "the compiled decoding step runs float weights, and compute type int8 "
-                "quantizes them",
-                [("compute_type", "default")],
-                lead="compile with",
-                tail="or do not compile",
-            )
         self.models = as_models(models)
         if compute_type == "int8":
             self.models = [quantize_int8(m) for m in self.models]
         self.bos_id, self.eos_id = bos_id, eos_id
-        self.steps = [DecodingStep(m, compile=True) for m in self.models] if compile else None
 
     @classmethod
     def from_loaded(
         cls,
         loaded: LoadedModel | Sequence[LoadedModel],
         compute_type: str = "default",
-        compile: bool = False,
     ) -> TorchEngine:
         """The engine of one loaded checkpoint or an ensemble of them (checked)."""
         loaded = [loaded] if isinstance(loaded, LoadedModel) else list(loaded)
@@ -97,7 +77,6 @@ class TorchEngine:
             bos_id=tok.bos_id,
             eos_id=tok.eos_id,
             compute_type=compute_type,
-            compile=compile,
         )
 
     @property
@@ -121,41 +100,11 @@ class TorchEngine:
             src = src[rows]
         steer = steering(batch).rows(rows)
         found = search_batch(
-            self.models, src, bos_id=self.bos_id, eos_id=self.eos_id, search=search, steer=steer,
-            decoding_steps=self.steps,
-        )  # fmt: skip
+            self.models, src, bos_id=self.bos_id, eos_id=self.eos_id, search=search, steer=steer
+        )
         for row, hyps in zip(rows, found):
             out[row] = hyps
         return out
-
-    def warm_up(self, threads: Iterable[int] = (), rows: Iterable[int] = WARM_UP_ROWS) -> None:
-        """Compile the decoding step now rather than in the first searches (a no-op unless
-        ``compile``), for each of ``threads`` (torch's thread counts the engine will run
-        under; default: the current one), by a greedy search of each of ``rows`` sentences
-        (default :data:`WARM_UP_ROWS`: both graphs of :class:`DecodingStep`)."""
-        if self.steps is None:
-            return
-        counts = list(dict.fromkeys(threads)) or [torch.get_num_threads()]
-        log.info("compiling the decoding step (once per process; a minute or more on 2 cores)")
-        started, before = time.perf_counter(), torch.get_num_threads()
-        search = SearchConfig(max_len_a=0.0, max_len_b=5)
-        try:
-            for count in counts:
-                torch.set_num_threads(count)
-                for sentences in rows:
-                    self.decode_batch({"src": self._warm_up_source(sentences)}, search)
-        finally:
-            torch.set_num_threads(before)
-        log.info("compiled the decoding step in %.0f s", time.perf_counter() - started)
-
-    def _warm_up_source(self, sentences: int) -> torch.Tensor:
-        """``sentences`` sources of the same token, some padded, as real batches are."""
-        pad = self.models[0].pad_id
-        token = max(self.bos_id, self.eos_id, pad) + 1
-        src = torch.full((sentences, 7), token, device=self.device)
-        src[:, -1], src[1:, -2:] = self.eos_id, pad
-        src[1:, -3] = self.eos_id
-        return src
 
     @torch.no_grad()
     def score_batch(self, batch: dict[str, Any]) -> list[list[float]]:
@@ -274,41 +223,28 @@ def open_engine(
     compute_type: str | None = None,
     threads: int | None = None,
     convert: Converter | None = None,
-    lanes: int | None = None,
-    compile: bool = False,
 ) -> Engine:
     """The engine ``kind`` (``"torch"``, default, or ``"ctranslate2"``) for ``loaded``.
 
     ``ct2_model``: a directory written by ``transformer-mt-export --format ctranslate2``; else
     ``convert`` writes one from the loaded checkpoint into a temporary directory that lives as
-    long as the engine. ``lanes``: CTranslate2 calls that may run at once (its
-    ``inter_threads``; the torch engine takes any number of callers). ``compile``: the torch
-    engine's compiled decoding step (:class:`TorchEngine`); CTranslate2 is compiled already.
+    long as the engine.
 
     Raises:
         ValueError: an unknown engine, CTranslate2 asked for an ensemble, or neither a model
             directory nor a converter.
     """
     if kind in (None, "", "torch"):
-        return TorchEngine.from_loaded(
-            loaded, compute_type=compute_type or "default", compile=compile
-        )
+        return TorchEngine.from_loaded(loaded, compute_type=compute_type or "default")
     if kind != "ctranslate2":
         raise ValueError(f"unknown engine {kind!r}; use one of {', '.join(ENGINES)}")
-    if compile:
-        raise SettingError(
-            "compile applies to the torch engine (CTranslate2 runs its own compiled kernels)",
-            [("engine", "torch")],
-            lead="compile with",
-            tail="or do not compile",
-        )
     if len(loaded) != 1:
         raise SettingError(
             f"the ctranslate2 engine decodes one checkpoint, got {len(loaded)}",
             [("engine", "torch")],
             lead="decode an ensemble with",
         )
-    options: dict[str, Any] = {"compute_type": compute_type, "threads": threads, "lanes": lanes}
+    options: dict[str, Any] = {"compute_type": compute_type, "threads": threads}
     options = {k: v for k, v in options.items() if v is not None}
     options["tokenizer"] = loaded[0].tokenizer  # the model directory's must be the checkpoint's
     if ct2_model:

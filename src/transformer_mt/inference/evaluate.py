@@ -209,7 +209,6 @@ def run(cfg: EvalSchema, *, convert: Converter | None = None) -> dict[str, Any]:
         compute_type=cfg.compute_type,
         threads=cfg.threads,
         convert=convert,
-        compile=cfg.compile,
     )
     inputs = _file_inputs(cfg, loaded, engine) if cfg.source_file else _split_inputs(cfg, loaded)
     if not inputs.sources:  # a score of nothing would read as a result

@@ -19,7 +19,6 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from transformer_mt.checkpoint import CheckpointError
 from transformer_mt.data.config import DataConfig
-from transformer_mt.errors import refuse_unknown_keys
 from transformer_mt.inference.search import SearchConfig
 
 NO_CHECKPOINT = (
@@ -92,7 +91,6 @@ class EvalSchema:
     engine: str = "torch"
     engine_model: str | None = None
     compute_type: str = "default"
-    compile: bool = False
     threads: int | None = None
     progress: bool = True
     run_dir: str = MISSING
@@ -137,3 +135,30 @@ def _non_null(values: Any) -> Any:
         out = {k: _non_null(v) for k, v in values.items() if v is not None}
         return {k: v for k, v in out.items() if v != {}}
     return values
+
+
+def refuse_unknown_keys(node: Any, where: str = "") -> None:
+    """Refuse a key that no schema field names, at any depth (``+data.vocab_sise=100``).
+
+    Hydra's ``+key=value`` adds a key even to a typed node, and ``OmegaConf.to_object`` keeps
+    it as a stray attribute, so the typed settings would silently ignore a misspelt setting.
+
+    Raises:
+        ValueError: naming the key and the keys its node has.
+    """
+    schema = OmegaConf.get_type(node)
+    if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+        return  # a plain mapping (data.prefixes, ...): any key is a value
+    known = [f.name for f in dataclasses.fields(schema)]
+    for key in node:
+        path = f"{where}{key}"
+        if key not in known:
+            place = f"of {where[:-1]}" if where else "at the top"
+            raise ValueError(
+                f"unknown setting {path!r}; the settings {place} "
+                f"are {', '.join(k for k in known if not k.startswith('_'))} (fix its spelling, "
+                "or drop the override)"
+            )
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            refuse_unknown_keys(child, f"{path}.")

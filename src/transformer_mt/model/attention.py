@@ -42,7 +42,7 @@ from transformer_mt.model.kv_cache import KVCache
 #: Longest key sequence that training attends over with the explicit math on a CPU with several
 #: threads: on sentences this short the fused kernel gains nothing from a second thread, or
 #: loses, while the explicit matmuls use it, so the explicit math is the faster, most of all in
-#: the backward (docs/benchmarks.md, "Attention over short sentences in training").
+#: the backward (docs/benchmarks.md).
 EXPLICIT_BACKWARD_MAX_KEYS = 48
 
 
@@ -144,8 +144,6 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(c.d_model, c.n_heads * c.d_k, bias=c.bias)
         self.v_proj = nn.Linear(c.d_model, c.n_heads * c.d_v, bias=c.bias)
         self.out_proj = nn.Linear(c.n_heads * c.d_v, c.d_model, bias=c.bias)
-        #: concatenated projection weights kept while :func:`frozen_weights` holds
-        self._joined: dict[tuple[int, ...], tuple[Tensor, Tensor | None]] | None = None
 
     def forward(
         self,
@@ -257,26 +255,6 @@ class MultiHeadAttention(nn.Module):
             cache.set(k, v)
         return q, k, v
 
-    def _joined_weights(self, projections: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor | None]:
-        """The weight ``(sum of outs, d_model)`` and bias of ``projections`` as one layer.
-
-        Concatenated at every call, not cached, outside :func:`frozen_weights`: fused
-        optimizers update weights in place without bumping version counters, so a cache could
-        not tell that it is stale. A search holds the weights frozen, and a decoding step then
-        reads the joined weight instead of copying all of it for one token.
-        """
-        if len(projections) == 1:  # no copy of a single weight
-            return projections[0].weight, projections[0].bias
-        key, kept = tuple(id(p) for p in projections), self._joined  # read once
-        if kept is not None and key in kept:
-            return kept[key]
-        weight = torch.cat([p.weight for p in projections])  # (sum of outs, d_model)
-        biases = [p.bias for p in projections if p.bias is not None]
-        joined = weight, torch.cat(biases) if biases else None  # bias (sum of outs,)
-        if kept is not None:
-            kept[key] = joined
-        return joined
-
     def _project(self, x: Tensor, *projections: nn.Linear) -> tuple[Tensor, ...]:
         """Apply several projections of the same input as one matmul; split into heads.
 
@@ -284,11 +262,15 @@ class MultiHeadAttention(nn.Module):
         ``d_head`` is ``d_k`` for ``q_proj``/``k_proj`` and ``d_v`` for ``v_proj``.
         """
         sizes = [p.out_features for p in projections]
-        if not all(isinstance(p, nn.Linear) for p in projections):
+        if len(projections) == 1 or not all(isinstance(p, nn.Linear) for p in projections):
             # Quantized (int8) layers hold packed weights: each runs as its own module.
             parts = tuple(p(x) for p in projections)
         else:
-            weight, bias = self._joined_weights(projections)
+            # Joined at every call, never cached: fused optimizers update weights in place
+            # without bumping version counters, so a cache could not tell it is stale.
+            weight = torch.cat([p.weight for p in projections])  # (sum of outs, d_model)
+            biases = [p.bias for p in projections if p.bias is not None]
+            bias = torch.cat(biases) if biases else None  # (sum of outs,)
             parts = F.linear(x, weight, bias).split(sizes, dim=-1)  # (B, L, H * d_head) each
         B, L, _ = x.shape
         return tuple(
@@ -325,25 +307,6 @@ def _combine_masks(
     # Queries are the last T of T_k positions (T_k > T when keys come from a cache).
     causal = torch.ones(T, T_k, dtype=torch.bool, device=q.device).tril(T_k - T)  # (T, T_k)
     return causal[None, None] if mask is None else mask & causal  # (B|1, H|1, T, T_k)
-
-
-@contextmanager
-def frozen_weights(*models: nn.Module) -> Iterator[None]:
-    """Within the block the weights of ``models`` do not change (a search, not training):
-    each attention layer joins its projection weights once and reuses them at every step.
-
-    Nested blocks keep the outermost one's joined weights; leaving it drops them, so a
-    training step after a validation search joins the updated weights again.
-    """
-    layers = [m for model in models for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    opened = [layer for layer in layers if layer._joined is None]
-    for layer in opened:
-        layer._joined = {}
-    try:
-        yield
-    finally:
-        for layer in opened:
-            layer._joined = None
 
 
 @contextmanager

@@ -129,12 +129,6 @@ class Transformer(nn.Module):
         memory, src_mask = self.encode(src)
         return self.decode(tgt_in, memory, src_mask)
 
-    def decoder_states(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher forcing up to the output projection: ``(B, T, d_model)``, whose
-        ``self.generator`` is :meth:`forward`'s logits (for a loss that projects in chunks)."""
-        memory, src_mask = self.encode(src)
-        return self.decoder(tgt_in, memory, src_mask)
-
     def new_cache(self) -> list[tuple[KVCache, KVCache]]:
         """Empty ``(self-attention, cross-attention)`` caches, one pair per decoder layer."""
         return [(KVCache(), KVCache()) for _ in self.decoder.layers]

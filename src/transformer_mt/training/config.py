@@ -1,17 +1,8 @@
 """The typed settings of a training run and the schema Hydra checks ``train.yaml`` against.
 
-:class:`TrainingConfig` is how the Lightning module trains and scores (the ``module`` section
-of ``configs/train.yaml``); :func:`transformer_mt.training.run.build_module` builds it once and
-:class:`~transformer_mt.training.module.TranslationModule` takes it whole. The optimizer stays
-a Hydra ``_partial_`` constructor (``optimizer:``), the model's sizes a
-:class:`~transformer_mt.model.config.ModelConfig`, the data a
-:class:`~transformer_mt.data.config.DataConfig`.
-
-:class:`TrainSchema` types every key of ``train.yaml``: the ``data``, ``model`` and ``module``
-groups by those dataclasses, the run options by their own types. ``register_schemas`` puts
-it into Hydra's ConfigStore, so a value of the wrong type or an unknown key fails when the
-config is composed, before anything runs. The dataclasses hold the defaults; the YAML files
-are presets over them.
+:class:`TrainingConfig` is the ``module`` section, which the Lightning module takes whole.
+:class:`TrainSchema` types every key of ``train.yaml``, so a wrong type or an unknown key fails
+at composition; the dataclasses hold the defaults, the YAML files are presets over them.
 """
 
 from __future__ import annotations
@@ -25,8 +16,9 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from transformer_mt.data.config import DataConfig
-from transformer_mt.errors import UserError, refuse_unknown_keys
+from transformer_mt.errors import UserError
 from transformer_mt.inference.search import SearchConfig
+from transformer_mt.inference.settings import refuse_unknown_keys
 from transformer_mt.model.config import ModelConfig
 from transformer_mt.training.loss import WORD_DROPOUT_MODES
 from transformer_mt.training.schedules import SCHEDULES
@@ -41,19 +33,13 @@ class TrainingConfig:
     Attributes:
         warmup_steps: linear warmup length in optimizer steps; the optimizer's ``lr`` is the
             peak reached at its end.
-        lr_schedule: what follows the warmup (:func:`~transformer_mt.training.schedules.
-            lr_factor`): ``inverse_sqrt`` (the paper), or ``linear``/``cosine`` decay to zero at
-            the end of the budget the trainer states (``max_time`` via
-            :class:`~transformer_mt.training.budget.TrainingBudget`, ``max_steps`` or
-            ``max_epochs``, whichever ends first).
+        lr_schedule: what follows the warmup: ``inverse_sqrt`` (the paper), or
+            ``linear``/``cosine`` decay to zero at the end of the trainer's budget
+            (``max_time``, ``max_steps`` or ``max_epochs``, whichever ends first).
         label_smoothing: epsilon of label smoothing (the paper's 0.1).
-        word_dropout: probability of dropping each decoder input token in training
-            (:func:`~transformer_mt.training.loss.target_word_dropout`); 0 = off.
+        word_dropout: probability of dropping each decoder input token in training; 0 = off.
         word_dropout_mode: ``unk`` (a dropped token becomes ``<unk>``) or ``zero`` (its
             embedding becomes the zero vector).
-        loss_chunk_tokens: compute the output projection and the loss this many target tokens
-            at a time (:func:`~transformer_mt.training.loss.chunked_label_smoothed_loss`,
-            the same loss without the whole logits tensor); 0 = the plain loss.
         num_examples: example translations logged at each validation.
         nonfinite_loss: ``stop`` raises :class:`~transformer_mt.errors.NonFiniteLossError`;
             ``skip`` skips the batch (no optimizer step) and counts it.
@@ -66,7 +52,6 @@ class TrainingConfig:
     label_smoothing: float = 0.1
     word_dropout: float = 0.0
     word_dropout_mode: str = "unk"
-    loss_chunk_tokens: int = 0
     num_examples: int = 3
     nonfinite_loss: str = "stop"
     decoding: SearchConfig = field(default_factory=SearchConfig)
@@ -82,11 +67,6 @@ class TrainingConfig:
             )
         if not 0.0 <= self.word_dropout < 1.0:
             raise ValueError(f"module.word_dropout must be in [0, 1), got {self.word_dropout}")
-        if self.loss_chunk_tokens < 0:
-            raise ValueError(
-                f"module.loss_chunk_tokens must be >= 0 (0: the plain loss), "
-                f"got {self.loss_chunk_tokens}"
-            )
         if self.word_dropout_mode not in WORD_DROPOUT_MODES:
             raise ValueError(
                 f"module.word_dropout_mode must be one of {', '.join(WORD_DROPOUT_MODES)}, "
@@ -147,8 +127,7 @@ class DataGroup(DataConfig):
 @dataclass
 class BudgetSettings:
     """The options of the run's :class:`~transformer_mt.training.budget.TrainingBudget`
-    (``budget.*``), documented there; typed here so that ``budget.validations=10`` needs no
-    ``+`` and a misspelt option fails at composition."""
+    (``budget.*``), documented there."""
 
     reserve_validation: bool = True
     max_warmup_fraction: float = 0.1
@@ -158,11 +137,8 @@ class BudgetSettings:
 
 @dataclass
 class TrainSchema:
-    """Every key of ``configs/train.yaml`` with its type and its one default.
-
-    The YAML files are presets over these defaults; the Lightning side (``trainer``,
-    ``callbacks``, ``logger``) and the ``optimizer`` are Hydra ``_target_`` nodes checked by
-    the classes they instantiate.
+    """Every key of ``configs/train.yaml`` with its type and its one default; ``trainer``,
+    ``callbacks``, ``logger`` and ``optimizer`` are ``_target_`` nodes their classes check.
 
     Attributes:
         task_name: names the output directory ``outputs/<task_name>/runs/<time>/``.
@@ -179,9 +155,8 @@ class TrainSchema:
         average_last: after training, average the last N saved checkpoints into
             ``checkpoints/average-lastN.ckpt``, which is then validated, tested and named as
             the run's result (training/average.py); 0 = off.
-        threads: torch intra-op threads (``None``: one per core). On a shared CPU one per
-            job avoids oversubscription, which slows OpenMP kernels several-fold.
-        budget: :class:`~transformer_mt.training.budget.TrainingBudget`'s options.
+        threads: torch intra-op threads (``None``: one per core); on a shared CPU one per
+            job avoids oversubscription.
     """
 
     task_name: str = MISSING
@@ -205,8 +180,8 @@ class TrainSchema:
 
 
 def train_settings(cfg: DictConfig | TrainSchema) -> TrainSchema:
-    """The composed config as typed objects (interpolations resolved), once per run; typed
-    settings as they are.
+    """The composed config as typed objects (interpolations resolved); typed settings as
+    they are.
 
     Raises:
         UserError: a required value (``???``) was not given; the message names the keys.

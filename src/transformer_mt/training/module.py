@@ -1,8 +1,5 @@
-"""TranslationModule: the Lightning wrapper that trains and scores the plain Transformer.
-
-Loss, optimizer, learning-rate schedule and metrics live here; the model itself
-(:mod:`transformer_mt.model.transformer`) knows nothing about Lightning.
-"""
+"""TranslationModule: the Lightning wrapper (loss, optimizer, schedule, metrics) that trains
+and scores the plain Transformer, which knows nothing about Lightning."""
 
 from __future__ import annotations
 
@@ -27,7 +24,6 @@ from transformer_mt.training.budget import find_budget
 from transformer_mt.training.callbacks import stop_if_diverged
 from transformer_mt.training.config import TrainingConfig
 from transformer_mt.training.loss import (
-    chunked_label_smoothed_loss,
     label_smoothed_loss,
     target_word_dropout,
 )
@@ -47,16 +43,13 @@ class TranslationModule(pl.LightningModule):
     """Trains a :class:`Transformer` with label smoothing and a warmup schedule; scores BLEU.
 
     Args:
-        config: the model's sizes and switches (vocabulary sizes and pad id from the
-            tokenizer, :func:`transformer_mt.training.run.build_module`).
+        config: the model's sizes (vocabulary sizes and pad id from the tokenizer).
         optimizer: a partial optimizer constructor (Hydra ``_partial_: true``) taking the
             parameters; its ``lr`` is the peak learning rate.
         training: schedule, loss, examples and the decoding of validation/test BLEU.
         tokenizer: turns hypotheses into text for BLEU; ``None`` scores losses only.
 
-    Checkpoints hold the model config, the tokenizer, the decoding options and the settings
-    of the data module being trained on (its languages among them): a checkpoint alone
-    translates, and evaluate.py rebuilds its test split.
+    Checkpoints hold all a checkpoint needs to translate alone and to rebuild its test split.
     """
 
     def __init__(
@@ -97,17 +90,6 @@ class TranslationModule(pl.LightningModule):
                 settings.word_dropout_mode,
                 pad_id=self.config.pad_id,
                 unk_id=UNK_ID,
-            )
-        if settings.loss_chunk_tokens:
-            # The same loss without the whole (tokens x vocabulary) logits and their gradient.
-            states = self.model.decoder_states(batch["src"], tgt_in)  # (B, T, d_model)
-            return chunked_label_smoothed_loss(
-                states,
-                self.model.generator.weight,
-                tgt[:, 1:],
-                pad_id=self.config.pad_id,
-                label_smoothing=settings.label_smoothing,
-                chunk_tokens=settings.loss_chunk_tokens,
             )
         logits = self.model(batch["src"], tgt_in)  # (B, T, V)
         return label_smoothed_loss(logits, tgt[:, 1:], self.config.pad_id, settings.label_smoothing)
@@ -163,8 +145,7 @@ class TranslationModule(pl.LightningModule):
         warmup = self.training_config.warmup_steps
         schedule = self.training_config.lr_schedule
         total = self.planned_steps() if schedule != "inverse_sqrt" else None
-        # A wall-clock budget (trainer.max_time) is a horizon too: see training/budget.py.
-        budget = find_budget(self._trainer)  # progress() is None without trainer.max_time
+        budget = find_budget(self._trainer)  # a trainer.max_time horizon (training/budget.py)
         timed = budget is not None and budget.seconds is not None
         if budget is not None:
             # A budget shorter than the warmup would stop while the lr is still rising.
@@ -190,10 +171,8 @@ class TranslationModule(pl.LightningModule):
     def planned_steps(self) -> int | None:
         """Optimizer steps this fit will take: ``max_steps`` or ``max_epochs`` x steps/epoch.
 
-        Counted from the data module's batch sampler rather than Lightning's
-        ``estimated_stepping_batches``: that builds the training loader before a checkpoint
-        is restored, and Lightning then skips restoring the loader's position, so a mid-epoch
-        resume would silently replay the epoch from its start.
+        Counted from the batch sampler: Lightning's ``estimated_stepping_batches`` builds the
+        loader before a restore, which then skips the loader's position on a mid-epoch resume.
         """
         trainer = self.trainer
         max_steps = trainer.max_steps if trainer.max_steps not in (None, -1) else None
@@ -229,13 +208,10 @@ class TranslationModule(pl.LightningModule):
         self._eval_smoothed[1] += int(n_tokens)
         if self.tokenizer is None:
             return
-        # The decode loop of evaluate.py and translate, one batch at a time (Lightning drives
-        # the loop here); _eval_end puts the outputs back in corpus order by index.
+        # The decode loop of evaluate.py and translate, a batch at a time; _eval_end reorders.
         engine = TorchEngine(self.model, bos_id=self.tokenizer.bos_id, eos_id=self.tokenizer.eos_id)
-        # The search runs in the weights' own dtype, as those commands run it: under bf16-mixed
-        # autocast would score a bf16 search that no command makes, and on a CPU every new shape
-        # of a bf16 product keeps a compiled kernel, so each validation's decoding would grow
-        # the process (the loss above keeps the training precision, as train/loss has it).
+        # The search runs in the weights' dtype, as those commands do: a bf16 search would
+        # score what no command makes, and on a CPU grow a compiled kernel per shape.
         with torch.autocast(self.device.type, enabled=False):
             hyp_ids = best_tokens(engine.decode_batch(batch, self.search))
         hyps = self.tokenizer.decode_hypotheses(hyp_ids)
@@ -339,8 +315,7 @@ class TranslationModule(pl.LightningModule):
     # ------------------------------------------------------------------ checkpoints
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Everything needed to translate with this checkpoint alone (the format of
-        # checkpoint.py); the data settings come from the data module being trained on.
+        # All needed to translate with this checkpoint alone (checkpoint.py).
         data = getattr(self._trainer, "datamodule", None) if self._trainer else None
         data_config = getattr(data, "config", None)
         tokenizer = self.tokenizer
@@ -353,8 +328,7 @@ class TranslationModule(pl.LightningModule):
             decoding=self._stored_decoding(),
             data=data_config.stored() if data_config else None,
         )
-        # Dropout draws from the global RNG: saving its state makes a resumed run continue
-        # with the same random stream as an uninterrupted one (Lightning does not save it).
+        # Dropout draws from the global RNG, which Lightning does not save: resume identically.
         extra["torch_rng_state"] = torch.get_rng_state()
 
     def _stored_decoding(self) -> dict[str, Any]:
