@@ -30,13 +30,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-# isort: off
-# Before torch loads: oneDNN reads its kernel cache's size once, as training does.
-import transformer_mt.cli.onednn  # noqa: F401  (sizes oneDNN's kernel cache)
+# Before torch loads (bench imports it): the thread wait, oneDNN's kernel cache and the heap,
+# as train.py sets them, so that the loops measured are the loops users run
+# (TRANSFORMER_MT_MALLOC=default in the environment measures glibc's default instead).
+from transformer_mt.cli.entry import prepare
 
-# isort: on
-import bench
-from bench.common import (
+prepare(keep_heap=True)
+
+import bench  # noqa: E402
+from bench.common import (  # noqa: E402
     COMMON_OPTIONS,
     add_common_arguments,
     add_plot_argument,
@@ -46,8 +48,7 @@ from bench.common import (
     setup_torch,
     write_json,
 )
-from transformer_mt.cli.allocator import keep_freed_memory
-from transformer_mt.errors import guarded
+from transformer_mt.errors import guarded  # noqa: E402
 
 
 def discover() -> dict[str, ModuleType]:
@@ -134,7 +135,4 @@ if __name__ == "__main__":
     handler.setFormatter(logging.Formatter("%(message)s"))
     logging.getLogger("bench").addHandler(handler)
     logging.getLogger("bench").setLevel(logging.INFO)
-    # As train.py and evaluate.py do, so that the loops measured are the loops users run
-    # (TRANSFORMER_MT_MALLOC=default in the environment measures glibc's default instead).
-    keep_freed_memory()
     guarded(main)(sys.argv[1:])

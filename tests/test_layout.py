@@ -8,6 +8,7 @@ with one forbidden import added, to prove that a wrong import fails the suite.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "src" / "transformer_mt"
 
-#: The shape every function in the package keeps (DESIGN.md, "Style"): a function that reads on
+#: The shape every function in the package keeps (DESIGN.md): a function that reads on
 #: one screen, and calls that name their options. Lines run from ``def`` to the end.
 MAX_FUNCTION_LINES = 60
 MAX_POSITIONAL = 5
@@ -236,3 +237,79 @@ def test_the_layout_names_every_module_and_the_readme_every_wing() -> None:
     wings = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
     assert [w for w in wings if f"{w}/" not in section] == [], wings
     assert len(readme.splitlines()) <= 250, "README.md is the front door: 250 lines at most"
+
+
+#: Imports every module of the package named by argv[1] (found on sys.path) and prints those
+#: whose own code wrote to ``os.environ`` while they were imported (a library's writes are not
+#: counted: the writer is the frame that called ``os.environ``'s setter).
+ENVIRON_PROBE = """
+import importlib, json, os, pkgutil, sys
+package = importlib.import_module(sys.argv[1])
+root = os.path.dirname(package.__file__)
+stdlib = os.path.dirname(os.__file__)
+writers = set()
+environ_type = type(os.environ)
+for method in ("__setitem__", "__delitem__"):
+    def spy(self, *args, _original=getattr(environ_type, method)):
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith(("<frozen", stdlib)):
+            frame = frame.f_back  # os.environ.setdefault/update call the setter themselves
+        if frame is not None and frame.f_code.co_filename.startswith(root):
+            writers.add(frame.f_globals.get("__name__"))
+        return _original(self, *args)
+    setattr(environ_type, method, spy)
+for info in pkgutil.walk_packages(package.__path__, sys.argv[1] + "."):
+    importlib.import_module(info.name)
+print(json.dumps(sorted(writers)))
+"""
+
+
+def modules_setting_the_environment(package: str, path: Path) -> list[str]:
+    env = {**os.environ, "PYTHONPATH": str(path)}
+    for name in ("GOMP_SPINCOUNT", "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "OMP_WAIT_POLICY"):
+        env.pop(name, None)  # so that a module setting one of them is seen to
+    out = subprocess.run(
+        [sys.executable, "-c", ENVIRON_PROBE, package],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_no_module_changes_the_environment_at_import() -> None:
+    """Thread, allocator and oneDNN settings are applied by one call at a command's start
+    (cli/entry.py), never by importing a module."""
+    assert modules_setting_the_environment("transformer_mt", ROOT / "src") == []
+
+
+def test_the_environment_check_bites(tmp_path: Path) -> None:
+    package = tmp_path / "culprits"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "quiet.py").write_text("import os\nSPIN = os.environ.get('X')\n")
+    (package / "loud.py").write_text("import os\nos.environ.setdefault('GOMP_SPINCOUNT', '1')\n")
+    assert modules_setting_the_environment("culprits", tmp_path) == ["culprits.loud"]
+
+
+def reading_path(readme: str) -> tuple[int, list[Path]]:
+    """The README's reading path: the length it states and the files it lists, in order."""
+    import re
+
+    paragraph = readme.split("**Reading the paper's implementation**", 1)[1].split("\n\n", 1)[0]
+    stated = re.search(r"about ([\d,]+) lines", paragraph)
+    assert stated, "the reading path states no length ('about N lines')"
+    names = re.findall(r"`([\w/]+\.py)`", paragraph)
+    return int(stated.group(1).replace(",", "")), [PACKAGE / name for name in names]
+
+
+def test_the_reading_path_is_as_long_as_it_says() -> None:
+    stated, files = reading_path((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert files and all(f.is_file() for f in files), files
+    actual = sum(len(f.read_text(encoding="utf-8").splitlines()) for f in files)
+    assert abs(stated - actual) <= 0.1 * actual, (
+        f"the README says {stated} lines, they are {actual}"
+    )
+    assert actual <= 1600, f"the reading path is {actual} lines; keep it at most 1,600"

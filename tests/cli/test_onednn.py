@@ -1,4 +1,4 @@
-"""cli/onednn.py: oneDNN keeps the kernels of more shapes than one epoch asks for, and a
+"""cli/entry.py: oneDNN keeps the kernels of more shapes than one epoch asks for, and a
 capacity set in the environment wins.
 
 Each case runs in a fresh interpreter (oneDNN reads its cache size once) and counts events, not
@@ -19,7 +19,8 @@ import pytest
 #: marker line separates the second pass, whose compilations are what a kept cache avoids.
 PROBE = """
 import sys
-import transformer_mt.cli.onednn  # noqa: F401
+from transformer_mt.cli.entry import prepare
+prepare()
 import torch
 torch.set_num_threads(1)
 w = torch.randn(8, 8, dtype=torch.bfloat16)

@@ -14,7 +14,8 @@ import pytest
 import torch
 from hydra.errors import HydraException
 
-from transformer_mt.errors import EXIT_USER_ERROR, composition_error, exit_code_for, guarded
+from transformer_mt.cli.hydra_app import composition_error
+from transformer_mt.errors import EXIT_USER_ERROR, exit_code_for, guarded
 from transformer_mt.training.run import run
 
 from conftest import (

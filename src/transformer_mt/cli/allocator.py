@@ -1,25 +1,11 @@
 """Where freed memory goes: kept in the process's heap for the next step, not given back.
 
-glibc's malloc serves every block above its mmap threshold (a few MiB, 32 MiB at most) with a
-fresh ``mmap`` and hands it back to the kernel with ``munmap`` the moment it is freed. A
-training step allocates and frees several tensors of (target tokens x vocabulary) floats (the
-logits, their log-probabilities and both gradients) that are far above it, so every step maps
-them anew, and the kernel zeroes and faults in each of their pages on first touch: tens of
-thousands of page faults a step, spent in the kernel rather than in the model
-(docs/benchmarks.md, "The heap keeps freed memory").
-
-:func:`keep_freed_memory` asks glibc (``mallopt``) to serve every block from the heap and to
-keep freed memory there, so that the next step reuses pages that are already mapped. The
-process's resident memory then stays near its peak instead of following each step down and
-up, which is what a training or evaluation process wants. The commands that train or
-evaluate (train, evaluate, and the benchmarks that measure them) call it at start-up.
-
-``TRANSFORMER_MT_MALLOC=default`` in the environment leaves glibc's default as it is. A malloc
-setting already there (``MALLOC_MMAP_MAX_``, ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_TOP_PAD_``,
-``MALLOC_MMAP_THRESHOLD_``, or ``glibc.malloc`` in ``GLIBC_TUNABLES``) wins too: glibc has read
-it, and this leaves it alone. (Setting any of those also stops glibc's default from raising its
-mmap threshold as it sees large blocks freed, so none of them restores the default.) Other C
-libraries (musl, macOS) are left as they are.
+glibc maps every block above its mmap threshold anew and unmaps it when freed, so each training
+step's large (tokens x vocabulary) tensors fault in fresh zeroed pages: time in the kernel, not
+the model (docs/benchmarks.md). :func:`keep_freed_memory` (``mallopt``) serves every block from
+the heap and keeps freed memory there; train and evaluate call it at start-up. Resident memory
+then stays near its peak. ``TRANSFORMER_MT_MALLOC=default``, or a malloc setting glibc already
+read from the environment, leaves glibc as it is; other C libraries are left alone.
 """
 
 from __future__ import annotations
@@ -30,9 +16,6 @@ import os
 import sys
 
 log = logging.getLogger(__name__)
-
-#: Whether :func:`keep_freed_memory` has applied its settings in this process.
-_kept = False
 
 #: mallopt's parameter numbers, from glibc's <malloc.h>.
 M_TRIM_THRESHOLD = -1
@@ -78,11 +61,8 @@ def glibc() -> ctypes.CDLL | None:
 
 
 def keep_freed_memory() -> bool:
-    """Serve every block from the heap and keep freed memory there; True when it applied.
-
-    Does nothing (False) on a C library other than glibc or where the environment already
-    sets malloc's behaviour. Safe to call more than once.
-    """
+    """Serve every block from the heap and keep freed memory there; True when it applied
+    (not on another C library, nor where the environment sets malloc). Idempotent."""
     if user_chose():
         return False
     libc = glibc()
@@ -95,13 +75,4 @@ def keep_freed_memory() -> bool:
     applied = all(libc.mallopt(param, value) == 1 for param, value in settings)
     if not applied:  # pragma: no cover - glibc accepts these values on every version we know
         log.warning("glibc refused a malloc setting; freed memory may go back to the kernel")
-    global _kept
-    _kept = _kept or applied
     return applied
-
-
-def describe() -> str:
-    """How this process's malloc treats freed memory, for benchmark records."""
-    if _kept:
-        return "kept in the heap"
-    return "as the environment sets it" if user_chose() else "the C library's default"

@@ -13,13 +13,18 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from transformer_mt.cli.allocator import keep_freed_memory
-from transformer_mt.cli.hydra_app import CONFIG_DIR, register_configs, search_keys, spelled
-from transformer_mt.errors import guarded, run_entry_point
+from transformer_mt.cli.hydra_app import (
+    CONFIG_DIR,
+    register_configs,
+    run_entry_point,
+    search_keys,
+    spelled,
+    task,
+)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="evaluate")
-@guarded
+@task
 @spelled(
     {
         **search_keys("decoding"),
@@ -44,7 +49,6 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 
 def main() -> None:
     """The command: register the schemas, then let Hydra compose and run."""
-    keep_freed_memory()  # a step's large tensors reuse mapped pages (cli/allocator.py)
     register_configs()
     run_entry_point(_main)
 

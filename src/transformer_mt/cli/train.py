@@ -13,14 +13,19 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from transformer_mt.cli.allocator import keep_freed_memory
-from transformer_mt.cli.hydra_app import CONFIG_DIR, register_configs, search_keys, spelled
-from transformer_mt.errors import guarded, run_entry_point
+from transformer_mt.cli.hydra_app import (
+    CONFIG_DIR,
+    register_configs,
+    run_entry_point,
+    search_keys,
+    spelled,
+    task,
+)
 
 
 # Guarded inside the Hydra function, so that Hydra's handler never sees a user error.
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
-@guarded
+@task
 @spelled(search_keys("module.decoding"))
 def _main(cfg: DictConfig) -> Any:
     # torch's import of sympy loads matplotlib, whose first start on a machine logs the font
@@ -34,7 +39,6 @@ def _main(cfg: DictConfig) -> Any:
 
 def main() -> None:
     """The command: register the schemas, then let Hydra compose and run."""
-    keep_freed_memory()  # a step's large tensors reuse mapped pages (cli/allocator.py)
     register_configs()
     run_entry_point(_main)
 
