@@ -28,12 +28,13 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 
+from average_checkpoints import select_checkpoints  # scripts/average_checkpoints.py
 from bench.common import cpu_model
 from transformer_mt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from transformer_mt.cli.evaluate import evaluate
 from transformer_mt.cli.hydra_app import register_configs
 from transformer_mt.errors import EXIT_USER_ERROR, one_line
-from transformer_mt.inference.averaging import average_checkpoints, select_checkpoints
+from transformer_mt.inference.averaging import average_checkpoints
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 log = logging.getLogger("compare_ema")

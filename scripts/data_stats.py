@@ -24,15 +24,20 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer_mt.data.batching import (
-    TokenBudgetBatchSampler,
-    padding_efficiency,
-    random_order_batches,
-)
+from transformer_mt.data.batching import TokenBudgetBatchSampler, pack_by_budget, padding_efficiency
 from transformer_mt.data.config import DataConfig
 from transformer_mt.data.prepare import prepare
 
 log = logging.getLogger("data_stats")
+
+
+def random_order_batches(
+    src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, seed: int = 0
+) -> list[np.ndarray]:
+    """Baseline for comparison: the same budget, examples in random order."""
+    src_lengths, tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
+    order = np.random.default_rng(seed).permutation(len(src_lengths))
+    return pack_by_budget(order, np.maximum(src_lengths, tgt_lengths), max_tokens)
 
 
 def measure(src: np.ndarray, tgt: np.ndarray, max_tokens: int, seed: int) -> dict[str, float]:

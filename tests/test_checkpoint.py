@@ -19,10 +19,17 @@ from transformer_mt.checkpoint import (
 )
 from transformer_mt.cli.translate import main as translate_main
 from transformer_mt.data.tokenizer import Tokenizer
-from transformer_mt.inference.averaging import average_checkpoints, select_checkpoints
+from transformer_mt.inference.averaging import average_checkpoints
 from transformer_mt.model.transformer import Transformer
 
-from conftest import DATA_OVERRIDES, best_checkpoint, evaluate, tiny_config, train_tiny_run
+from conftest import (
+    DATA_OVERRIDES,
+    best_checkpoint,
+    evaluate,
+    load_script,
+    tiny_config,
+    train_tiny_run,
+)
 
 
 class Touch:
@@ -201,7 +208,7 @@ def test_average_of_copies_is_identity(ckpt: Path, tmp_path: Path) -> None:
 
 
 def test_average_of_two_is_the_mean(run_dir: Path, tmp_path: Path) -> None:
-    paths = select_checkpoints(run_dir, 2, "last")
+    paths = load_script("average_checkpoints").select_checkpoints(run_dir, 2, "last")
     sources = [load_checkpoint(p) for p in paths]
     a, b = (source["state_dict"] for source in sources)
     assert any(not torch.equal(a[k], b[k]) for k in a)
@@ -225,9 +232,9 @@ def test_average_of_two_is_the_mean(run_dir: Path, tmp_path: Path) -> None:
 
 
 def test_select_best_and_last(run_dir: Path) -> None:
-    last = select_checkpoints(run_dir, 1, "last")
+    last = load_script("average_checkpoints").select_checkpoints(run_dir, 1, "last")
     assert len(last) == 1
-    best = select_checkpoints(run_dir, 1, "best")
+    best = load_script("average_checkpoints").select_checkpoints(run_dir, 1, "best")
     assert best[0].suffix == ".ckpt"
     with pytest.raises(CheckpointError, match="fewer than"):
-        select_checkpoints(run_dir, 99, "last")
+        load_script("average_checkpoints").select_checkpoints(run_dir, 99, "last")

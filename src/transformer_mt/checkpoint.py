@@ -1,19 +1,10 @@
 """The one checkpoint format: its keys, the writing side, the safe read and build-model.
 
-A checkpoint is Lightning's dictionary (``state_dict`` holds the :class:`Transformer`'s
-parameters under ``model.``) plus one entry of plain types that makes it self-contained,
-``checkpoint["transformer_mt"]``, written by :func:`write_metadata`: ``format``
-(:data:`CHECKPOINT_FORMAT`; a reader refuses any other), ``model_config``, ``tokenizer`` (its
-JSON), ``src_lang``, ``tgt_lang``, ``decoding`` (search options of validation/test BLEU) and
-``data`` (the resolved data config of training). The training module adds its resume state
-(``torch_rng_state``) beside them; :mod:`transformer_mt.inference.averaging` adds
-``averaged_from``.
-
-A checkpoint is a file from a stranger: every load goes through :func:`load_checkpoint`,
-``torch.load(weights_only=True)`` (tensors and plain containers only, so a crafted file cannot
-run code while it is read), and :func:`build_model` checks that weights, config and tokenizer
-fit. Errors are :class:`CheckpointError` (a ``ValueError``): one line with the file, the cause
-and the fix.
+Lightning's dictionary (``state_dict`` under ``model.``) plus ``checkpoint["transformer_mt"]``,
+plain types that make it self-contained (:func:`write_metadata`). A checkpoint is a file from
+a stranger: every load is ``torch.load(weights_only=True)`` (:func:`load_checkpoint`), so a
+crafted file cannot run code, and :func:`build_model` checks that weights, config and tokenizer
+fit. Errors are :class:`CheckpointError`: one line with the file, the cause and the fix.
 """
 
 from __future__ import annotations
@@ -64,11 +55,8 @@ def write_metadata(
     decoding: Mapping[str, Any] | None = None,
     data: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Put this project's entry into ``checkpoint``: the writing side of the format.
-
-    Everything needed to translate with the checkpoint alone, as plain types (it must load with
-    ``weights_only=True``). Returns the entry, where a caller may add state of its own.
-    """
+    """Put this project's entry into ``checkpoint``: all needed to translate with it alone, as
+    plain types (``weights_only=True``). Returns the entry, where a caller may add its own."""
     entry: dict[str, Any] = {
         "format": CHECKPOINT_FORMAT,
         "model_config": config.to_dict(),
@@ -92,9 +80,6 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike[str]) ->
 
 def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
     """Read a checkpoint file safely: ``torch.load(weights_only=True)``, nothing else.
-
-    ``path`` is a ``.ckpt`` file written by ``train.py`` or :func:`save_checkpoint`; tensors go
-    to ``map_location``. Returns the checkpoint dictionary.
 
     Raises:
         CheckpointNotFoundError: no file at ``path``.

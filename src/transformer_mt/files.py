@@ -1,14 +1,8 @@
 """The one way the project writes a file that a crash could tear.
 
-:func:`atomic_write` opens a temporary file in the target's own directory, hands it to the
-caller, then flushes, ``fsync``-s and renames it over the target, and finally ``fsync``-s the
-directory so that the rename itself is durable. A reader (a resuming run, ``evaluate.py``, a
-sweep summary being refreshed) therefore sees the old complete file or the new complete file,
-never half of one, whenever the process is killed or the disk fills up. On any failure the
-temporary file is removed and the target is left as it was.
-
-Checkpoints, averaged checkpoints, tokenizers and sweep results all go through here. This
-module sits at the bottom of the package (beside :mod:`transformer_mt.errors`): it imports
+:func:`atomic_write`: temp file in the target's directory, fsync, rename, fsync the directory,
+so a reader sees the old or the new complete file whenever the process dies or the disk fills.
+It also reads input text (one way for every command) and checks output paths. It imports
 nothing of the project, so every wing may use it.
 """
 
@@ -39,14 +33,8 @@ def atomic_write(
 ) -> Iterator[IO[Any]]:
     """Open ``path`` for writing so that it is replaced atomically and durably.
 
-    A symlink stays: the file it points at is replaced. A device or named pipe (``/dev/stdout``,
-    ``/dev/full``, a FIFO) is written through, not replaced (its write errors, e.g. a full
-    device, surface as ``OSError``); a socket cannot be opened and is refused by ``open``.
-
-    Example::
-
-        with atomic_write(run_dir / "tokenizer.json", "w", encoding="utf-8") as f:
-            f.write(text)
+    A symlink stays (the file it points at is replaced); a device or named pipe is written
+    through. On failure the temp file is removed and the target left as it was.
 
     Args:
         path: the file to create or replace; its parent directory is created if missing.
@@ -59,8 +47,7 @@ def atomic_write(
         )
     target = Path(path)
     if target.exists() and not target.is_file() and not target.is_dir():
-        # A device or a pipe, maybe behind a link (/dev/stdout, /dev/full, a FIFO): written
-        # through, never replaced by a plain file; there is nothing to rename over.
+        # A device or a pipe (/dev/stdout, a FIFO): nothing to rename over.
         with open(target, mode, **open_kwargs) as handle:
             yield handle
         return
@@ -118,16 +105,13 @@ def decode_lines(
 ) -> Iterator[str]:
     """Decode a byte stream split on ``b"\\n"`` as UTF-8 lines without their line ending.
 
-    Every input of every command is read this way, like the training data, so one file never
-    reads two ways. Splitting on ``b"\\n"`` only means a stray ``\\r`` or U+2028 inside a line
-    cannot add lines (the output stays line-aligned with the input).
+    Every command reads input this way, so one file never reads two ways; a stray ``\\r`` or
+    U+2028 cannot add lines, so output stays line-aligned with input.
 
     Args:
-        raw_lines: e.g. an ``open(path, "rb")`` handle or ``sys.stdin.buffer``.
         name: the file as the user typed it, for the message.
         errors: ``"strict"`` raises on the first bad line; ``"replace"`` reads bad bytes as
             U+FFFD and appends each such line number to ``replaced``.
-        replaced: collects the line numbers read with replacements.
         fix: the option that opts in to replacing, for the message (``--errors replace``).
 
     Raises:
@@ -224,12 +208,8 @@ def check_outputs_apart(
     outputs: Sequence[tuple[str, str | os.PathLike[str] | None]],
     inputs: Sequence[tuple[str, str | os.PathLike[str] | None]],
 ) -> None:
-    """Refuse, before any work, an output that is, contains or lies inside an input.
-
-    A command never deletes or truncates a file it did not create, so an output path must
-    not name the checkpoint, the source or the reference it reads, nor a directory holding
-    them (a directory output replaces its whole content), nor a place inside an input
-    directory (a CTranslate2 model, a data directory). Two outputs must differ as well.
+    """Refuse, before any work, an output that is, contains or lies inside an input (a
+    command never destroys a file it did not create), or two outputs that are one file.
 
     Args:
         outputs, inputs: ``(what, path)`` pairs, ``what`` as the user names it (``--output``,

@@ -122,7 +122,7 @@ def peak_resident_bytes() -> int | None:
     """The most memory this process has held resident so far; None where the OS cannot say.
 
     A run's memory depends on its precision as much as on its model (bf16 products on a CPU
-    keep a compiled kernel per shape: ``cli/onednn.py``), so the training summary shows it.
+    keep a compiled kernel per shape: ``cli/entry.py``), so the training summary shows it.
     """
     try:
         import resource

@@ -55,7 +55,7 @@ def test_one_sentence_gets_several_segmentations_across_epochs(dm: TranslationDa
     deterministic = tuple(dm.tokenizer.encode_src_batch([SENTENCE])[0])
     # Every sample spells the sentence; sampled ones are longer (merges were skipped).
     for ids in samples:
-        assert dm.tokenizer.decode_src_batch([list(ids)]) == [SENTENCE]
+        assert dm.tokenizer.decode_batch([list(ids)], "src") == [SENTENCE]
         assert len(ids) >= len(deterministic)
 
 

@@ -98,7 +98,7 @@ def test_separate_vocabularies(lines, tmp_path):
     tok = Tokenizer.train([src], [tgt], vocab_size=600, joint=False, src_lang="en", tgt_lang="de")
     assert not tok.joint
     assert tok.src.get_vocab() != tok.tgt.get_vocab()
-    assert tok.decode_src_batch(tok.encode_src_batch(src[:50])) == src[:50]
+    assert tok.decode_batch(tok.encode_src_batch(src[:50]), "src") == src[:50]
     assert tok.decode_tgt_batch(tok.encode_tgt_batch(tgt[:50])) == tgt[:50]
     loaded = Tokenizer.load(tok.save(tmp_path))
     assert not loaded.joint

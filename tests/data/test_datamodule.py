@@ -64,7 +64,7 @@ def test_batch_format(dm):
         s = src[row][src[row] != tok.pad_id].tolist()
         t = tgt[row][tgt[row] != tok.pad_id].tolist()
         assert s[-1] == tok.eos_id and t[-1] == tok.eos_id
-        assert tok.decode_src_batch([s]) == [batch["src_text"][row]]
+        assert tok.decode_batch([s], "src") == [batch["src_text"][row]]
         assert tok.decode_tgt_batch([t]) == [batch["tgt_text"][row]]
         # `index` points back at the example in its split.
         assert dm.splits["train"][int(index[row])]["src"] == batch["src_text"][row]

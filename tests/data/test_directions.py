@@ -64,7 +64,7 @@ def test_each_source_starts_with_its_target_tag(tmp_path: Path) -> None:
         assert row["src_ids"][1:] == tok.encode_src_batch([row["src"]])[0]
         assert want not in row["tgt_ids"]
     # The tags are one token each and never come out of decoding as text.
-    assert tok.decode_src_batch([[de, *tok.encode_src_batch(["one house"])[0]]]) == ["one house"]
+    assert tok.decode_batch([[de, *tok.encode_src_batch(["one house"])[0]]], "src") == ["one house"]
 
 
 def test_each_language_trains_the_bpe_once(tmp_path: Path, monkeypatch) -> None:
@@ -107,7 +107,7 @@ def test_a_tag_in_the_text_is_text_and_a_tag_piece_is_refused(tmp_path: Path) ->
     tok = dm.tokenizer
     ids = tok.encode_src_batch(["one <2fr> house"])[0]
     assert tok.tag_id("fr") not in ids  # typed, it is characters
-    assert tok.decode_src_batch([ids]) == ["one <2fr> house"]
+    assert tok.decode_batch([ids], "src") == ["one <2fr> house"]
     reloaded = type(tok).from_json(tok.to_json())  # the rule survives the checkpoint
     assert reloaded.encode_src_batch(["one <2fr> house"]) == [ids]
     assert reloaded.tag_id("fr") == tok.tag_id("fr")

@@ -9,12 +9,12 @@ import torch
 
 from transformer_mt.inference.engine import TorchEngine
 from transformer_mt.model.transformer import Transformer
+from transformer_mt.provenance import cpu_units
 from transformer_mt.training import precision
 from transformer_mt.training.module import TranslationModule
 from transformer_mt.training.precision import (
     calibrate,
     cpu_bf16_units,
-    cpu_flags,
     resolve_precision,
 )
 
@@ -31,11 +31,11 @@ from conftest import (
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16 amx_tile amx_bf16\n")
-    flags = cpu_flags(info)
+    flags = set(cpu_units(info))
     assert {"avx512_bf16", "amx_bf16"} <= flags
     assert cpu_bf16_units(flags) == ["amx_bf16", "avx512_bf16"]  # best first
     assert cpu_bf16_units({"avx2", "avx512f"}) == []
-    assert cpu_flags(tmp_path / "missing") == set()
+    assert cpu_units(tmp_path / "missing") == []
 
 
 @pytest.mark.parametrize("value", ["32-true", "bf16-mixed", "bf16-true", "16-mixed"])

@@ -1,27 +1,11 @@
 """Token-budget batching, like fairseq's ``--max-tokens``.
 
-Sentences vary from 3 to 50+ tokens; a fixed number of sentences per batch
-either wastes the accelerator on short batches or runs out of memory on long
-ones, and random grouping fills tensors with padding. Instead we
-
-1. sort examples by ``max(src_len, tgt_len)`` -- the quantity the budget
-   counts -- then by source and target length, with remaining ties broken
-   at random per epoch so batches of equal lengths differ between epochs;
-2. cut the sorted list greedily into batches whose *padded* size stays
-   within budget: ``batch_size * max(max_src_len, max_tgt_len) <= max_tokens``;
-3. shuffle the order of the batches (seed + epoch) and deal them out to the
-   data-parallel ranks, ``batches[rank::world_size]``, so ranks are disjoint.
-
-Uneven counts across ranks: when the number of batches is not a multiple of
-``world_size`` the first few batches of the shuffled list are *repeated* to
-fill the last round (``uneven="repeat"``, like ``DistributedSampler``'s
-default), so every rank runs the same number of steps (DDP would hang
-otherwise) and every example is still seen each epoch. ``uneven="drop"``
-drops the leftover batches instead (a different few each epoch). Repeated
-eval examples can be recognised by their ``index``.
-
-Everything works on length arrays (numpy), never on token lists, so it is
-cheap for millions of sentences.
+Examples are sorted by ``max(src_len, tgt_len)`` (ties broken at random per epoch), cut
+greedily into batches with ``B * max(S, T) <= max_tokens``, shuffled (seed + epoch) and dealt
+to the DDP ranks as ``batches[rank::world_size]``. When the count is not a multiple of
+``world_size``, ``uneven="repeat"`` repeats the first batches (every rank runs the same number
+of steps, or DDP hangs) and ``"drop"`` drops the leftovers. Only numpy length arrays are
+touched, so it is cheap for millions of sentences.
 """
 
 from __future__ import annotations
@@ -40,12 +24,8 @@ def pack_by_budget(
 ) -> list[np.ndarray]:
     """Cut ``order`` into consecutive batches with ``len(batch) * max(size) <= max_tokens``.
 
-    Args:
-        order: Example indices in the order to pack them.
-        sizes: Padded cost per example (e.g. ``max(src_len, tgt_len)``),
-            indexed by example index.
-        max_tokens: The budget per batch, padding included.
-        max_sentences: At most this many examples per batch (``None``: no bound).
+    ``sizes`` is the padded cost per example, indexed by example index; ``max_sentences``
+    bounds the examples per batch (``None``: no bound).
 
     Raises:
         ValueError: one example alone exceeds ``max_tokens``.
@@ -77,11 +57,7 @@ def padding_efficiency(
     src_lengths: np.ndarray,
     tgt_lengths: np.ndarray,
 ) -> float:
-    """Fraction of real (non-pad) tokens in the padded source and target tensors.
-
-    For each batch the tensors hold ``B * max(src)`` and ``B * max(tgt)``
-    positions, of which ``sum(src) + sum(tgt)`` are real tokens.
-    """
+    """Fraction of real (non-pad) tokens in the padded source and target tensors."""
     src_lengths, tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
     real = padded = 0
     for batch in batches:
@@ -97,27 +73,16 @@ def padding_efficiency(
 class TokenBudgetBatchSampler:
     """Batch sampler with a token budget, per-epoch shuffling and DDP sharding.
 
-    Pass it as ``DataLoader(dataset, batch_sampler=...)``; each item is a list
-    of example indices. Lightning calls :meth:`set_epoch` on a loader's
-    ``batch_sampler`` at the start of each epoch (with
-    ``use_distributed_sampler=False`` it leaves the sampler alone).
-
-    Decoding (validation and test in training, evaluate.py, translate) passes no target
-    lengths: the budget then counts padded *source* tokens, ``B * max(S)``, the one meaning
-    of ``data.eval_max_tokens``; a target is unknown when translating, so the batches of a
-    test set are the same in all three.
+    Each item is a list of example indices; Lightning calls :meth:`set_epoch` each epoch.
+    Decoding passes no target lengths (unknown when translating), so the budget counts
+    padded source tokens, ``B * max(S)``, and every decoding path batches a test set alike.
 
     Args:
         src_lengths: Source tensor length per example (specials included).
         tgt_lengths: Target tensor length per example; ``None``: count the source only.
-        max_tokens: Padded tokens per batch: ``B * max(S, T) <= max_tokens``.
-        shuffle: Training mode: random tie-breaks and batch order per epoch.
-            ``False`` gives a deterministic order sorted by length.
+        shuffle: Training mode: random tie-breaks and batch order per epoch; ``False`` sorts.
         seed: Base seed; epoch ``e`` uses ``seed + e``.
-        rank: This data-parallel rank.
-        world_size: Number of data-parallel ranks.
-        uneven: ``"repeat"`` or ``"drop"`` leftover batches so every rank
-            gets the same number (see the module docstring).
+        uneven: ``"repeat"`` or ``"drop"`` leftover batches (the module docstring).
         max_sentences: At most this many examples per batch (``None``: no bound).
     """
 
@@ -165,9 +130,7 @@ class TokenBudgetBatchSampler:
         self._resume: tuple[int, int] | None = None  # (epoch, batches to skip), see resume()
         self._sizes = np.maximum(self.src_lengths, self.tgt_lengths)  # = src when source_only
         self._cache: tuple[int, list[np.ndarray]] | None = None
-        # The batch count does not depend on the epoch: tie-breaks permute
-        # examples of equal lengths, which leaves the sorted sizes, and hence
-        # the cuts, unchanged.
+        # Tie-breaks leave the sorted sizes, and so the batch count, the same every epoch.
         self._num_batches = len(self._all_batches(0))
         if self._num_batches < world_size and uneven == "drop":
             raise ValueError(
@@ -194,9 +157,7 @@ class TokenBudgetBatchSampler:
             tie_break = rng.permutation(n)
         else:
             tie_break = np.arange(n)
-        # lexsort's last key is primary: the budgeted size, then source, target, tie-break.
-        # Sorting by the budgeted size first pads less than sorting by the source first
-        # (docs/benchmarks.md, "batching").
+        # lexsort's last key is primary: the budgeted size first pads least (docs/benchmarks.md).
         order = np.lexsort((tie_break, self.tgt_lengths, self.src_lengths, self._sizes))
         batches = pack_by_budget(order, self._sizes, self.max_tokens, self.max_sentences)
         if self.shuffle:
@@ -217,15 +178,11 @@ class TokenBudgetBatchSampler:
         return batches[self.rank :: world]
 
     def resume(self, epoch: int, consumed: int) -> None:
-        """Continue ``epoch`` after its first ``consumed`` batches, on the next iteration.
+        """Continue ``epoch`` after its first ``consumed`` batches, on the next iteration
+        (a mid-epoch resume); a finished epoch resumes at the next one's start.
 
-        Used when training resumes from a mid-epoch checkpoint, so that the rest of the epoch
-        sees exactly the batches an uninterrupted run would have seen. The resumed position
-        wins over the epoch set so far: Lightning creates the training iterator (and a
-        ``DataLoader`` with workers starts drawing batches) *before* it calls
-        :meth:`set_epoch` for the epoch being resumed, so an iteration that waited for
-        ``set_epoch`` would replay epoch 0's order in epoch >= 1. A checkpoint written after
-        the last batch of an epoch resumes at the start of the next epoch.
+        It wins over the epoch set so far: Lightning creates the iterator before it calls
+        :meth:`set_epoch` for the resumed epoch.
         """
         epoch, consumed = int(epoch), int(consumed)
         if consumed >= len(self):
@@ -265,9 +222,8 @@ def decode_sampler(
 
     Args:
         src_lengths: Source tensor length per example (ids after the cut, plus ``<eos>``).
-        max_tokens: Padded source tokens per batch; a sentence longer than the budget gets a
-            batch of its own. ``None``: no token bound (``max_sentences`` alone).
-        max_sentences: At most this many sentences per batch.
+        max_tokens: Padded source tokens per batch; a longer sentence gets a batch of its
+            own. ``None``: no token bound (``max_sentences`` alone).
     """
     lengths = np.asarray(src_lengths, dtype=np.int64)
     budget = 2**62 if max_tokens is None else max(int(max_tokens), int(lengths.max(initial=1)))
@@ -280,12 +236,3 @@ def decode_sampler(
         world_size=world_size,
         max_sentences=max_sentences,
     )
-
-
-def random_order_batches(
-    src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, seed: int = 0
-) -> list[np.ndarray]:
-    """Baseline for comparison: the same budget, examples in random order."""
-    src_lengths, tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
-    order = np.random.default_rng(seed).permutation(len(src_lengths))
-    return pack_by_budget(order, np.maximum(src_lengths, tgt_lengths), max_tokens)

@@ -1,24 +1,14 @@
 """BPE-dropout (Provilkov, Emelianenko and Voita, 2020): a new segmentation of the training
 set every epoch.
 
-BPE builds a word from its bytes by applying merges, lowest rank first. BPE-dropout skips
-each applicable merge with probability ``p`` at every step, so one word comes out in
-several segmentations (``Ġorangefarbenen`` as one token, or ``Ġorange`` + ``farb`` + ``enen``,
-...); the model sees the sub-pieces of words it would otherwise only see whole. Only
-training sentences are sampled; validation, test, translate and export keep the
-deterministic segmentation (:class:`~transformer_mt.data.tokenizer.Tokenizer`).
+Each applicable merge is skipped with probability ``p``, so the model also sees the pieces of
+words it would otherwise see whole; only training sentences are sampled (docs/data.md). The
+merges run here because the ``tokenizers`` library's dropout is unseeded and skipped where
+``ignore_merges`` or its cache answers; with ``p = 0`` the ids equal the library's (a test).
 
-The merges run here, in Python, rather than in the ``tokenizers`` library: its dropout
-draws from an unseeded generator (a resumed run would not replay an epoch's segmentation)
-and does nothing where ``ignore_merges`` is set or a cache answers first. With ``p = 0``
-this module gives exactly the library's ids, a test holds the two equal.
-
-Each epoch draws fresh segmentations from ``seed + epoch``: every word type gets at most
-``samples_per_type`` independent draws, dealt out to its occurrences in a random order, so a
-word that occurs that often or less gets an independent draw per occurrence, and a very
-frequent word (``Ġa``, ``.``) shares a fresh handful each epoch. This keeps an epoch's cost
-at the number of word types rather than word tokens. The segmentation is a function of the
-seed and the epoch alone, so a resumed run sees the sentences an uninterrupted one would.
+Each epoch draws from ``seed + epoch`` alone (so a resume replays it): every word type gets at
+most ``samples_per_type`` draws, dealt out to its occurrences, which keeps an epoch's cost at
+the number of word types rather than word tokens.
 """
 
 from __future__ import annotations
@@ -34,10 +24,6 @@ from tokenizers import Tokenizer as HFTokenizer
 
 class BpeDropout:
     """Stochastic BPE over one ``tokenizers`` byte-level BPE model.
-
-    Args:
-        tokenizer: The trained ``tokenizers.Tokenizer`` (a BPE model).
-        p: Probability of skipping an applicable merge, ``0 <= p < 1``.
 
     Raises:
         ValueError: ``p`` out of range, or the tokenizer is not a BPE model.
@@ -66,11 +52,8 @@ class BpeDropout:
         return [word for word, _ in self._tokenizer.pre_tokenizer.pre_tokenize_str(text)]
 
     def segment(self, word: str, rand: random.Random | None = None) -> list[int]:
-        """Ids of one word: merges lowest rank first, each skipped with probability ``p``.
-
-        A merge skipped at one step is a candidate again at the next; the word is done when
-        every applicable merge of a step was skipped or none is left (the paper's algorithm).
-        """
+        """Ids of one word: merges lowest rank first, each skipped with probability ``p`` (and
+        a candidate again at the next step); done when a step applies none (the paper's)."""
         symbols = list(word)
         draw = rand.random if rand is not None and self.p > 0 else None
         ranks = self.ranks
@@ -117,8 +100,6 @@ class EpochSegmentation:
     Args:
         src, tgt: The tokenizers of the two sides (the same object for a joint vocabulary).
         src_texts, tgt_texts: The training sentences, row-aligned.
-        p: The dropout probability.
-        seed: Base seed; epoch ``e`` draws from ``seed + e``.
         samples_per_type: The most fresh draws of one word type per epoch.
     """
 

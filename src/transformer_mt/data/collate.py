@@ -11,8 +11,7 @@ Batches are dicts::
     src_text  list[str]          raw source sentences (when the rows have text)
     tgt_text  list[str]          raw reference sentences (for BLEU)
 
-Training, validation and test (through the data module), evaluate.py and translate all build
-their batches with :class:`Collate`, so they pad and cut alike.
+Every path builds its batches with :class:`Collate`, so they pad and cut alike.
 """
 
 from __future__ import annotations
@@ -26,11 +25,8 @@ from torch.utils.data import Dataset
 
 
 def source_limit(max_len: int | None, model_max_len: int | None = None) -> int | None:
-    """The most subword ids (no specials) a sentence keeps: the one truncation rule.
-
-    ``data.max_len``, and one less than the model's positional ``max_len`` so that ``<eos>``
-    (source) or ``<bos>`` (decoder input) still fits. ``None`` (neither known): no limit.
-    """
+    """The most subword ids (no specials) a sentence keeps, the one truncation rule:
+    ``data.max_len`` and the model's ``max_len`` less one special; ``None``: no limit."""
     limits = []
     if max_len is not None:
         limits.append(int(max_len))
@@ -40,11 +36,8 @@ def source_limit(max_len: int | None, model_max_len: int | None = None) -> int |
 
 
 class TokenizedSplit(Dataset):
-    """A tokenized split as a map-style dataset that fetches whole batches.
-
-    ``DataLoader`` calls ``__getitems__`` with a batch of indices, so a batch
-    is one Arrow read instead of ``B`` row look-ups.
-    """
+    """A tokenized split as a map-style dataset that fetches whole batches (one Arrow read
+    per ``__getitems__``, not ``B`` row look-ups)."""
 
     def __init__(self, split: datasets.Dataset) -> None:
         self.split = split
@@ -64,9 +57,8 @@ class Collate:
 
     Args:
         pad_id, bos_id, eos_id: Special-token ids.
-        max_len: Cut longer id sequences to this many tokens (:func:`source_limit`; eval
-            splits and translation input: training pairs over ``max_len`` were filtered
-            already). ``None``: no cut.
+        max_len: Cut longer id sequences to this many tokens (:func:`source_limit`).
+            ``None``: no cut.
     """
 
     def __init__(self, pad_id: int, bos_id: int, eos_id: int, max_len: int | None) -> None:

@@ -1,13 +1,8 @@
 """``DataConfig``: every data setting, typed, with its one default.
 
-The data groups of Hydra (``configs/data/*.yaml``) instantiate it (``_target_:
-transformer_mt.data.config.DataConfig``); :class:`~transformer_mt.data.datamodule.
-TranslationDataModule` and :func:`~transformer_mt.data.prepare.prepare` take it whole; the
-training run stores :meth:`DataConfig.to_dict` in every checkpoint, and evaluate.py rebuilds
-it with :meth:`DataConfig.from_dict` (plus its ``data.*`` overrides, :func:`stored_overrides`).
-
-The defaults are the embedded data set (``configs/data/numbers.yaml``, a test holds the two
-equal), except ``cache_dir``: without one nothing is written outside the run directory.
+``configs/data/*.yaml`` instantiate it; every checkpoint stores it and evaluate.py rebuilds it
+(:meth:`DataConfig.from_dict`). The defaults are ``configs/data/numbers.yaml``'s (a test holds
+them equal), except ``cache_dir``: without one nothing is written outside the run directory.
 """
 
 from __future__ import annotations
@@ -37,9 +32,8 @@ DEFAULT_HUB_SPLITS: dict[str, str] = {
 }
 DEFAULT_SIZES: dict[str, int] = {"train": 20000, "validation": 500, "test": 500}
 
-#: Keys that a stored data config may carry beside the settings (checkpoints of format 1 hold
-#: them): the Hydra target, arguments the data module takes besides its config, and the
-#: data.dir as the user typed it (``dir`` itself is stored absolute).
+#: Keys a stored data config may carry beside the settings: the Hydra target, the data
+#: module's other arguments, and data.dir as typed (``dir`` itself is stored absolute).
 _NOT_SETTINGS = ("_target_", "_convert_", "work_dir", "tokenizer", "only_splits", "dir_as_typed")
 
 
@@ -56,34 +50,28 @@ class DataConfig:
         hub_config: Hub config name (``de-en``); ``None`` if it has none.
         hub_splits: Our split name -> the Hub's split name.
         hub_revision: Hub revision; ``refs/convert/parquet`` reads the Parquet export of a
-            script-based data set (``datasets`` >= 4 no longer runs loading scripts).
-        dir: Directory of local files, ``source=files`` (relative paths resolve against the
-            current directory, which Hydra leaves at the project root).
+            script-based data set.
+        dir: Directory of local files, ``source=files`` (relative to the current directory).
         prefixes: Split name -> file prefix in ``dir``; an extra entry adds a split.
         file_format: ``"parallel"`` ({prefix}.{lang}), ``"tsv"``, ``"jsonl"`` or ``"auto"``.
         sizes: Generated split sizes.
         number_range: Generated numbers are drawn from ``[low, high]`` (inclusive).
-        task: Generated task: ``"sentences"`` (template sentences, see
-            :mod:`transformer_mt.data.numbers`) or ``"numbers"`` (bare number words).
-        directions: Several directions for one model (``["de-en", "fr-en"]``,
-            :mod:`transformer_mt.data.directions`): each source gets its target language's
-            tag, ``src_lang``/``tgt_lang`` become the shared languages (or ``mul``). Empty:
-            the one direction ``src_lang -> tgt_lang``.
-        direction_temperature: How an epoch mixes several directions
-            (:func:`~transformer_mt.data.directions.temperature_shares`): 1 = in proportion
-            to their sizes (each pair once), larger = flatter (5 is usual).
+        task: Generated task: ``"sentences"`` (templates) or ``"numbers"`` (bare number words).
+        directions: Several directions for one model (``["de-en", "fr-en"]``): each source
+            gets its target language's tag, ``src_lang``/``tgt_lang`` become the shared
+            languages (or ``mul``). Empty: the one direction ``src_lang -> tgt_lang``.
+        direction_temperature: How an epoch mixes several directions: 1 = in proportion to
+            their sizes, larger = flatter (5 is usual).
         vocab_size: BPE vocabulary size (each side if not joint).
         joint_vocab: One vocabulary for both languages (lets the model tie embeddings).
         min_frequency: Minimum count of a BPE merge.
         bpe_dropout: BPE-dropout probability of the training sentences, resampled every
-            epoch (:mod:`transformer_mt.data.bpe_dropout`); evaluation and translation keep
-            the deterministic segmentation. ``0``: off.
+            epoch (docs/data.md); ``0``: off.
         max_tokens: Training batch budget, padding included: ``B * max(S, T)``.
-        eval_max_tokens: Decoding batch budget (validation, test, evaluate.py, translate),
-            padded *source* tokens ``B * max(S)``; ``None``: ``max_tokens``.
+        eval_max_tokens: Decoding batch budget, padded *source* tokens ``B * max(S)``;
+            ``None``: ``max_tokens``.
         max_len: Longest sentence in subword tokens, without ``<bos>``/``<eos>``. Longer
-            training pairs are dropped; longer eval sources are cut (see
-            :func:`transformer_mt.data.collate.source_limit`).
+            training pairs are dropped; longer eval sources are cut.
         num_workers: DataLoader worker processes.
         num_proc: Processes for tokenizing with ``datasets.map``.
         seed: Seed of the generated corpus and of batch shuffling.
@@ -120,8 +108,7 @@ class DataConfig:
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
-        # Hydra hands over DictConfig/ListConfig and YAML gives lists: keep plain types,
-        # which is also what a checkpoint may hold (torch.load(weights_only=True)).
+        # Plain types, as a checkpoint may hold them (torch.load(weights_only=True)).
         self.hub_splits = {str(k): str(v) for k, v in dict(self.hub_splits).items()}
         self.prefixes = {str(k): str(v) for k, v in dict(self.prefixes).items()}
         self.sizes = {str(k): int(v) for k, v in dict(self.sizes).items()}
@@ -212,11 +199,8 @@ class DataConfig:
         return values
 
     def stored(self) -> dict[str, Any]:
-        """:meth:`to_dict` for a checkpoint: ``dir`` absolute, as typed under ``dir_as_typed``.
-
-        A relative ``dir`` resolves against the directory the run started in; stored as
-        typed, the checkpoint would evaluate only from there.
-        """
+        """:meth:`to_dict` for a checkpoint: ``dir`` absolute (evaluable from anywhere), as
+        typed under ``dir_as_typed``."""
         values = self.to_dict()
         if self.dir:
             values["dir"] = os.path.abspath(self.dir)
@@ -225,12 +209,8 @@ class DataConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> DataConfig:
-        """A config from a stored mapping: a checkpoint's ``transformer_mt.data`` entry, the
-        ``data`` section of a run's ``.hydra/config.yaml``, or both merged with overrides.
-
-        Keys a stored config may hold beside the settings (``_target_``, ``work_dir``) are
-        ignored; any other unknown key is an error that names it.
-        """
+        """A config from a stored mapping (a checkpoint's, a run's ``.hydra/config.yaml``'s,
+        merged with overrides); an unknown key other than :data:`_NOT_SETTINGS` is an error."""
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in values.items() if k not in _NOT_SETTINGS}
         unknown = sorted(set(values) - known)
@@ -243,11 +223,8 @@ class DataConfig:
 
 
 def stored_overrides() -> dict[str, Any]:
-    """Every :class:`DataConfig` key set to ``None`` ("as stored"), dict keys one level deep.
-
-    evaluate.py's default ``data`` node (registered as ``data=stored``): Hydra accepts an
-    override such as ``data.prefixes.test=test_2017_flickr`` only for a key that exists.
-    """
+    """Every :class:`DataConfig` key set to ``None`` ("as stored"), dict keys one level deep:
+    evaluate.py's ``data=stored``, so that overrides like ``data.prefixes.test=...`` exist."""
     node: dict[str, Any] = {}
     defaults = DataConfig()
     for f in fields(DataConfig):

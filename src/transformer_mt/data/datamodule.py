@@ -1,11 +1,8 @@
 """``TranslationDataModule``: the Lightning face of :mod:`transformer_mt.data.prepare`.
 
-It takes one :class:`~transformer_mt.data.config.DataConfig` whole, prepares the data once
-(:func:`~transformer_mt.data.prepare.prepare`) and hands out loaders: training batches by
-token budget, shuffled per epoch and resumable mid-epoch; validation and test batches from
-:func:`~transformer_mt.data.prepare.decode_loader`, the loader evaluate.py uses too, so the
-BLEU of training and of evaluate.py are computed over the same batches. The batch format is
-described in :mod:`transformer_mt.data.collate`.
+Training batches by token budget, shuffled per epoch and resumable mid-epoch; validation and
+test batches from :func:`~transformer_mt.data.prepare.decode_loader`, as evaluate.py's, so
+both score BLEU over the same batches (batch format: :mod:`transformer_mt.data.collate`).
 """
 
 from __future__ import annotations
@@ -35,13 +32,8 @@ def _batches_done(trainer: Any) -> int:
 
 
 class ResumableDataLoader(DataLoader):
-    """A DataLoader whose position in the epoch is saved in checkpoints.
-
-    Lightning stores ``state_dict()`` of a training loader in each checkpoint and calls
-    ``load_state_dict()`` when resuming; the batch sampler then skips the batches the
-    interrupted run had already trained on, so a run resumed from a mid-epoch checkpoint
-    continues with the same data order as an uninterrupted one.
-    """
+    """A DataLoader whose position in the epoch is saved in checkpoints, so a mid-epoch
+    resume skips the batches already trained on and keeps the uninterrupted data order."""
 
     def __init__(self, *args: Any, progress: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -87,7 +79,6 @@ class TranslationDataModule(pl.LightningDataModule):
     ``pad_id`` and the tokenized ``splits``.
 
     Args:
-        config: The data settings (``configs/data/*.yaml`` instantiate it).
         work_dir: Run directory; ``tokenizer.json`` is written to (and reused from) here.
             ``None``: the tokenizer is not saved.
         tokenizer: A ready tokenizer (e.g. from a checkpoint) instead of training one.
@@ -233,10 +224,8 @@ class TranslationDataModule(pl.LightningDataModule):
     ) -> TokenBudgetBatchSampler:
         """The shuffled token-budget sampler of a training split: ``B * max(S, T)``.
 
-        Under BPE-dropout the budget counts the lengths of ``epoch``'s sampled segmentation
-        (default: the trainer's current epoch), which are longer than the stored ones; under
-        temperature sampling of directions the sampler's positions are those of
-        :meth:`epoch_examples` (the training loader's dataset holds them in that order).
+        Lengths are those of ``epoch``'s BPE-dropout segmentation (default: the trainer's
+        epoch), and positions those of :meth:`epoch_examples` when directions are resampled.
         """
         data = self._require_setup()
         if split_name not in data.splits:
@@ -264,9 +253,8 @@ class TranslationDataModule(pl.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        """This epoch's training batches. Under BPE-dropout the Trainer reloads the loader
-        every epoch (``reload_dataloaders_every_n_epochs=1``, set by the training run), and
-        each reload carries that epoch's segmentation."""
+        """This epoch's training batches (reloaded every epoch under BPE-dropout or a draw of
+        the directions)."""
         data = self._require_setup()
         tok = data.tokenizer
         trainer = self._trainer_or_none()
@@ -295,8 +283,7 @@ class TranslationDataModule(pl.LightningDataModule):
             collate_fn=Collate(tok.pad_id, tok.bos_id, tok.eos_id, self.config.max_len),
             num_workers=self.config.num_workers,
             persistent_workers=self.config.num_workers > 0,
-            # Its own generator: creating an iterator then draws no number from the global RNG,
-            # which dropout uses (so resuming from a checkpoint replays the same dropout masks).
+            # Its own generator: the global RNG (dropout's) stays as a resume replays it.
             generator=torch.Generator().manual_seed(self.config.seed),
             progress=(lambda: _batches_done(trainer)) if trainer is not None else None,
         )

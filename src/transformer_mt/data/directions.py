@@ -1,21 +1,9 @@
 """Several translation directions in one model: names, target-language tags, the mix.
 
-``data.directions=[de-en,fr-en,cs-en]`` trains one model for each pair. Every source sentence
-starts with the tag of the language to translate into (``<2en>``, ``<2de>``; Johnson et al.,
-2017), a special token of the joint vocabulary. The tag goes on the source, not as the
-decoder's first token: the encoder then knows the target language from the first layer on,
-the decoder's start token stays ``<bos>`` for every direction, so greedy, beam and steered
-search, the KV cache, scoring and the exported models (a Hugging Face tokenizer's special
-token, a CTranslate2 source token) need nothing new; the one change is the source row.
-
-The training set is every direction's training pairs together, and token-budget batches mix
-directions. How much of each direction an epoch holds is ``data.direction_temperature`` T
-(:func:`temperature_shares`, Arivazhagan et al., 2019): T = 1 (the default) is proportional to
-the directions' sizes, every pair once per epoch; a larger T flattens the mix towards uniform
-(T = 5 is the literature's usual choice), so a small direction is seen more often (its pairs
-repeated) and a large one less (a different part of it each epoch), the epoch keeping the
-corpus' size. Multi30k's four languages have the same 29,000 sentences, so its directions are
-equally represented at any T.
+Every source sentence starts with its target language's tag (``<2en>``; Johnson et al., 2017),
+a special token of the joint vocabulary. On the source, not as the decoder's first token, the
+tag leaves ``<bos>``, search, scoring and export unchanged. ``data.direction_temperature``
+sets how an epoch mixes the directions (:func:`temperature_shares`; docs/training.md).
 """
 
 from __future__ import annotations
@@ -95,11 +83,9 @@ def sample_epoch(groups: np.ndarray, temperature: float, seed: int) -> np.ndarra
     """The training examples of one epoch under temperature sampling: example indices (with
     repeats) drawn per direction, ``groups`` giving each example's direction number.
 
-    Direction ``i`` gets ``round(share_i * N)`` examples (:func:`temperature_shares`, N the
-    corpus size): whole passes over its pairs in a fresh order, then a random part of one more
-    pass, so no pair repeats before every pair of its direction has been drawn. ``seed``
-    (the data seed plus the epoch) fixes the draw. ``None`` when every direction would be
-    drawn exactly once (proportional sampling): the epoch is the corpus itself.
+    Direction ``i`` gets ``round(share_i * N)`` examples: whole passes over its pairs in a
+    fresh order, then part of one more, so no pair repeats before all were drawn. ``None``
+    when that is every pair once: the epoch is the corpus itself.
     """
     ids, counts = np.unique(groups, return_counts=True)
     wanted = np.rint(temperature_shares(counts, temperature) * len(groups)).astype(np.int64)

@@ -1,20 +1,9 @@
 """Corpus -> BPE -> token ids, without Lightning: what the data module and evaluate.py share.
 
-:func:`prepare` runs the pipeline once:
-
-1. load the corpus (:mod:`.sources`: Hub, local files or generated);
-2. train a byte-level BPE tokenizer on the *training* split, or reuse
-   ``work_dir/tokenizer.json`` when a previous run left one there (or take a ready one,
-   e.g. from a checkpoint);
-3. tokenize every split with ``datasets.map`` (batched, ``num_proc`` workers); with a
-   ``cache_dir`` the result is an Arrow file that is memory-mapped, not held in Python
-   lists, and reused by later runs;
-4. filter training pairs that are empty or longer than ``max_len`` (counts are logged);
-   validation/test keep every sentence -- a test set must stay complete for BLEU -- and
-   over-long ones are cut when batched (:func:`~transformer_mt.data.collate.source_limit`).
-
-:func:`decode_loader` batches a split for decoding: the loader behind validation and test
-in training and behind evaluate.py.
+:func:`prepare` loads the corpus, trains (or reuses) the BPE tokenizer on the training split,
+tokenizes every split (a memory-mapped Arrow file with ``cache_dir``) and drops empty or
+over-long training pairs; validation/test stay complete for BLEU and are cut when batched.
+:func:`decode_loader` batches a split for decoding (validation, test, evaluate.py).
 """
 
 from __future__ import annotations
@@ -68,9 +57,8 @@ def _features(split: datasets.Dataset) -> datasets.Features:
 class PreparedData:
     """Tokenized splits and the tokenizer that made them.
 
-    ``lengths[name]`` holds the id counts ``(src_len, tgt_len)`` of each row, specials
-    excluded, before any cut. ``available_splits`` lists every split of the corpus;
-    ``splits`` only the tokenized ones.
+    ``lengths[name]``: each row's id counts ``(src_len, tgt_len)``, specials excluded, before
+    any cut; ``available_splits``: every split of the corpus, tokenized or not.
     """
 
     config: DataConfig
@@ -114,12 +102,10 @@ def prepare(
     """Load, tokenize and filter the corpus ``config`` describes.
 
     Args:
-        config: The data settings.
         tokenizer: A ready tokenizer (e.g. from a checkpoint) instead of training one; its
             languages must match.
         work_dir: Run directory: ``tokenizer.json`` is written to (and reused from) here.
-        only_splits: Tokenize just these splits (needs a ready ``tokenizer``: evaluation
-            needs one split, not the training set). ``None``: all.
+        only_splits: Tokenize just these splits (needs a ready ``tokenizer``). ``None``: all.
 
     Raises:
         ValueError, FileNotFoundError, ConnectionError: bad data or settings, with the fix.
@@ -182,8 +168,7 @@ def decode_loader(
         collate_fn=Collate(tok.pad_id, tok.bos_id, tok.eos_id, limit),
         num_workers=data.config.num_workers,
         persistent_workers=data.config.num_workers > 0,
-        # Its own generator: creating an iterator then draws no number from the global RNG,
-        # which dropout uses (so resuming from a checkpoint replays the same dropout masks).
+        # Its own generator: the global RNG (dropout's) stays as a resume replays it.
         generator=torch.Generator().manual_seed(data.config.seed),
     )
 
@@ -238,8 +223,7 @@ def _no_progress_bars() -> Iterator[None]:
 
 def _tokenizer_texts(config: DataConfig, train: datasets.Dataset) -> tuple[Any, Any]:
     """The text the BPE learns from: both sides of the training split; with several
-    directions each language's training text once (many-to-English would otherwise count
-    every English sentence once per direction)."""
+    directions each language's text once, not once per direction."""
     if not config.multilingual:
         return iter_texts(train, ("src",)), iter_texts(train, ("tgt",))
     if not config.joint_vocab:
@@ -307,8 +291,7 @@ def _tokenize(
 ) -> datasets.Dataset:
     cache_file = None
     if cache_dir is not None:
-        # Content-addressed: the split's fingerprint hashes its text, so a
-        # changed corpus or tokenizer never reads a stale file.
+        # Content-addressed: a changed corpus or tokenizer never reads a stale file.
         digest = hashlib.sha256(
             f"{_CACHE_VERSION}|{split._fingerprint}|{tokenizer.to_json()}".encode()
         ).hexdigest()[:20]

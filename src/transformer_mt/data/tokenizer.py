@@ -1,38 +1,9 @@
 """Byte-level BPE (Hugging Face ``tokenizers``), joint or separate vocabularies.
 
-Byte-level BPE starts from the 256 byte values, so every string encodes
-(umlauts, emoji, CJK; ``<unk>`` never appears) and decoding is lossless:
-``decode(encode(x)) == x`` for any text without special-token strings.
-``add_prefix_space=False`` keeps the first word as the user wrote it.
-
-Special tokens have fixed ids in every vocabulary, so the model and the
-search code can rely on them: ``<pad>=0, <bos>=1, <eos>=2, <unk>=3``.
-
-A *joint* vocabulary (the default) is trained on source and target text
-together, so source and target embeddings can be shared (the paper ties
-them); *separate* vocabularies are two tokenizers, one per side.
-
-Each side carries a ``TemplateProcessing`` post-processor that appends
-``<eos>``: ``encode(text)`` with special tokens gives exactly the source row
-the model is trained on (``ids + <eos>``) and the target labels; ``<bos>`` is
-the decoder's start token (``decoder_start_token_id`` in Hugging Face terms),
-so a target row ``<bos> + ids + <eos>`` is the start token followed by the
-labels, as in every Hugging Face sequence-to-sequence model.
-
-Two serialisations:
-
-* ``save(dir)`` writes standard files other tools read:
-  ``dir/tokenizer.json`` (the source side, or the joint vocabulary), a plain
-  ``tokenizers`` file that ``tokenizers.Tokenizer.from_file`` and
-  ``transformers.PreTrainedTokenizerFast(tokenizer_file=...)`` load;
-  ``dir/target_tokenizer.json`` (separate vocabularies only); and our
-  metadata (languages, joint or not, training settings) in the small
-  ``dir/tokenizer_meta.json``.
-* ``to_json()`` is one JSON string with both sides and the metadata, for the
-  checkpoint (a plain string loads with ``torch.load(weights_only=True)``).
-
-``load`` reads both, and the one-file format earlier versions wrote as
-``tokenizer.json`` (the ``to_json`` string), so old run directories still work.
+Every string encodes (``<unk>`` never appears) and ``decode(encode(x)) == x``; the specials
+have fixed ids ``<pad>=0, <bos>=1, <eos>=2, <unk>=3``. Each side's post-processor appends
+``<eos>``; ``<bos>`` is the decoder's start token. ``save`` writes standard ``tokenizers``
+files plus ``tokenizer_meta.json``; ``to_json`` is one string of both, for checkpoints.
 """
 
 from __future__ import annotations
@@ -73,12 +44,8 @@ def train_bpe(
     vocab_size: int,
     min_frequency: int = 2,
 ) -> HFTokenizer:
-    """Train a byte-level BPE tokenizer on batches of text.
-
-    Args:
-        texts: An iterator of lists of strings (batches keep it fast).
-        vocab_size: Target vocabulary size, specials and bytes included.
-        min_frequency: A merge must occur at least this often.
+    """Train a byte-level BPE tokenizer on batches (lists) of text, to ``vocab_size`` subwords
+    (specials and bytes included) from merges seen at least ``min_frequency`` times.
 
     Raises:
         ValueError: ``vocab_size`` is smaller than specials + 256 bytes.
@@ -106,11 +73,8 @@ def train_bpe(
 
 
 def add_eos_post_processor(tokenizer: HFTokenizer) -> HFTokenizer:
-    """Make ``encode(text)`` (special tokens on) return ``ids + <eos>``, in place.
-
-    The pair template (``A <eos> B <eos>``) exists so that libraries which encode pairs do not
-    fail; this project never encodes pairs.
-    """
+    """Make ``encode(text)`` (special tokens on) return ``ids + <eos>``, in place (a pair
+    template too, for libraries that encode pairs)."""
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"$A {EOS}",
         pair=f"$A {EOS} $B:1 {EOS}:1",
@@ -125,20 +89,13 @@ _LINE_BREAKS = str.maketrans(dict.fromkeys("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u
 class Tokenizer:
     """Source and target BPE tokenizers behind one interface.
 
-    With a joint vocabulary ``src`` and ``tgt`` are the same object. Encoding
-    returns bare subword ids by default (the collate function truncates, then
-    appends ``<eos>``, which gives the same ids as the post-processor on rows
-    that fit); decoding stops at the first ``<eos>`` and drops special tokens.
-    Tokenizers without the ``<eos>`` post-processor (read from an old
-    checkpoint) get it on construction.
+    Encoding returns bare subword ids by default (collate truncates, then appends
+    ``<eos>``); decoding stops at the first ``<eos>`` and drops special tokens.
 
     Args:
-        src: Tokenizer of the source side.
-        tgt: Tokenizer of the target side; ``None`` or ``src`` for joint.
-        src_lang: Source language code (stored, checked by evaluation).
-        tgt_lang: Target language code.
-        config: How it was trained (``vocab_size``, ``min_frequency``,
-            ``joint``); lets a run directory's tokenizer be checked before reuse.
+        src, tgt: The source and target sides (``tgt`` ``None`` or ``src``: joint).
+        config: How it was trained (``vocab_size``, ``min_frequency``, ``joint``), checked
+            before a run directory's tokenizer is reused.
     """
 
     pad_id: int = PAD_ID
@@ -171,8 +128,6 @@ class Tokenizer:
         if self.config.get("tags"):
             self._tags_only_by_id()
 
-    # ------------------------------------------------------------------ training
-
     @classmethod
     def train(
         cls,
@@ -185,12 +140,8 @@ class Tokenizer:
         src_lang: str | None = None,
         tgt_lang: str | None = None,
     ) -> Tokenizer:
-        """Train on batches of source and target text (the training split only).
-
-        ``src_texts``/``tgt_texts`` must be re-iterable (lists or
-        generator factories' results each used once): with ``joint=True``
-        they are chained into one stream.
-        """
+        """Train on batches of source and target text (the training split only); with
+        ``joint=True`` the two streams are chained into one."""
         config = {"vocab_size": vocab_size, "min_frequency": min_frequency, "joint": joint}
         if joint:
             src = train_bpe(_chain(src_texts, tgt_texts), vocab_size, min_frequency)
@@ -208,14 +159,11 @@ class Tokenizer:
         return tokenizer
 
     def add_target_tags(self, langs: Sequence[str]) -> None:
-        """Add the target-language tags (``<2de>``, ...) as special tokens of the source side.
-
-        They get the ids after the trained vocabulary, in the order given, and are recorded
-        in ``config["tags"]``, so a reused tokenizer is checked for them.
+        """Add the target-language tags (``<2de>``, ...) as special tokens, with the ids after
+        the trained vocabulary, recorded in ``config["tags"]``.
 
         Raises:
-            ValueError: a tag is already a subword of the vocabulary (the training text
-                holds it literally), so it could not mark the target language alone.
+            ValueError: a tag is already a subword of the vocabulary.
         """
         from tokenizers import AddedToken
 
@@ -239,8 +187,7 @@ class Tokenizer:
         self._tags_only_by_id()
 
     def _tags_only_by_id(self) -> None:
-        # A tag is put in front of the ids, never read from text: "<2fr>" typed in a sentence
-        # is the characters it is, not an order to translate into French.
+        # A tag is put in front of the ids, never read from text: typed "<2fr>" is characters.
         for side in (self.src, self.tgt):
             side.encode_special_tokens = True
 
@@ -256,8 +203,6 @@ class Tokenizer:
     def target_languages(self) -> list[str]:
         """The languages this tokenizer has target tags for (empty: one direction)."""
         return [t[2:-1] for t in self.config.get("tags", [])]
-
-    # ---------------------------------------------------------------- properties
 
     @property
     def joint(self) -> bool:
@@ -278,12 +223,8 @@ class Tokenizer:
         return max(self.src_vocab_size, self.tgt_vocab_size)
 
     def difference(self, other: Tokenizer) -> str | None:
-        """How ``other`` encodes differently from this tokenizer, or ``None`` if it does not.
-
-        Two tokenizers of the same size can still map ids to other subwords; a model fed the
-        ids of one while trained on the other produces fluent-looking garbage, so every place
-        that pairs a model with a tokenizer (resume, a CTranslate2 export, an ensemble) asks.
-        """
+        """How ``other`` encodes differently from this tokenizer (the same size can still map
+        ids to other subwords), or ``None`` if it does not."""
         ours = (self.src_vocab_size, self.tgt_vocab_size)
         theirs = (other.src_vocab_size, other.tgt_vocab_size)
         if ours != theirs:
@@ -300,8 +241,6 @@ class Tokenizer:
         if side == "tgt":
             return self.tgt
         raise ValueError(f"side must be 'src' or 'tgt', got {side!r}")
-
-    # --------------------------------------------------------- encode / decode
 
     def encode_batch(
         self, texts: Sequence[str], side: Side = "src", add_special_tokens: bool = False
@@ -328,23 +267,14 @@ class Tokenizer:
     def encode_tgt_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return self.encode_batch(texts, "tgt")
 
-    def decode_src_batch(self, ids: Sequence[Sequence[int]]) -> list[str]:
-        return self.decode_batch(ids, "src")
-
     def decode_tgt_batch(self, ids: Sequence[Sequence[int]]) -> list[str]:
         return self.decode_batch(ids, "tgt")
 
     def decode_hypotheses(self, ids: Sequence[Sequence[int]]) -> list[str]:
-        """Generated target ids -> one line of text each (line breaks folded, ends stripped).
-
-        Byte-level BPE marks a leading space on most tokens, so a hypothesis that starts with
-        such a token decodes with a leading blank; and a model can generate a line break,
-        which would shift every later line of an output file.
-        """
+        """Generated target ids -> one line of text each: line breaks folded (they would shift
+        an output file's lines), byte-level BPE's leading blank stripped."""
         texts = self.decode_tgt_batch(ids) if ids else []
         return [t.translate(_LINE_BREAKS).strip() for t in texts]
-
-    # ------------------------------------------------------------ serialisation
 
     def metadata(self) -> dict[str, Any]:
         """Everything but the vocabularies: format, languages, joint or not, training settings."""
@@ -388,13 +318,8 @@ class Tokenizer:
         )
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Write the standard files and the metadata into ``directory``; return ``tokenizer.json``.
-
-        ``tokenizer.json`` (and ``target_tokenizer.json`` for separate vocabularies) are plain
-        ``tokenizers`` files; ``tokenizer_meta.json`` holds :meth:`metadata`. Each file is
-        replaced atomically; the metadata goes last, and :meth:`load` checks that the
-        vocabulary files match it.
-        """
+        """Write the standard files and then the metadata (which :meth:`load` checks the
+        files against) into ``directory``, each atomically; return ``tokenizer.json``."""
         directory = Path(directory)
         path = directory / FILENAME
         write_text_atomic(path, self.src.to_str())  # a concurrent reader never sees half a file
@@ -411,11 +336,8 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Tokenizer:
-        """Read a tokenizer from a directory or from its ``tokenizer.json``.
-
-        Reads what :meth:`save` writes (standard files + ``tokenizer_meta.json``), the
-        one-file format of earlier versions, and a bare standard ``tokenizer.json`` without
-        metadata (taken as a joint vocabulary of unknown languages).
+        """Read a tokenizer from a directory or from its ``tokenizer.json``: what :meth:`save`
+        writes, the older one-file format, or a bare ``tokenizer.json`` (joint, no languages).
 
         Raises:
             FileNotFoundError: no tokenizer there.

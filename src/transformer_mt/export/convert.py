@@ -1,12 +1,8 @@
 """A checkpoint -> a Hugging Face model directory, and that directory -> CTranslate2.
 
-:func:`export_huggingface` writes a directory that ``AutoModelForSeq2SeqLM.from_pretrained``
-and ``AutoTokenizer.from_pretrained`` load: ``config.json``, ``model.safetensors``,
-``generation_config.json``, the tokenizer (``tokenizer.json`` + ``tokenizer_config.json``), a
-``README.md`` model card and our tokenizer metadata in ``transformer_mt/``.
-:func:`export_ctranslate2` converts that directory with CTranslate2's own Transformers
-converter, for fast CPU decoding. Which class holds the model and how the weights map:
-:mod:`transformer_mt.export.huggingface`; the command line: :mod:`transformer_mt.cli.export`.
+:func:`export_huggingface` writes what ``AutoModelForSeq2SeqLM``/``AutoTokenizer`` load, plus a
+model card; :func:`export_ctranslate2` converts that directory with CTranslate2's converter
+(docs/export.md).
 """
 
 from __future__ import annotations
@@ -40,11 +36,8 @@ def export_huggingface(
     results: str | os.PathLike[str] | None = None,
     force: bool = False,
 ) -> Path:
-    """Write the Hugging Face model directory for checkpoint ``ckpt``; return ``out_dir``.
-
-    The directory is built next to ``out_dir`` and renamed into place when complete, so an
-    interrupted export never leaves a half-written model behind. The checkpoint is read once.
-    """
+    """Write the Hugging Face model directory for checkpoint ``ckpt``; return ``out_dir``
+    (built beside it and renamed into place when complete)."""
     out_dir = Path(os.path.abspath(out_dir))
     check_out_dir(out_dir, force, [("--ckpt", ckpt), ("--results", results)])
     results_data = read_results(results) if results is not None else None
@@ -60,10 +53,8 @@ def write_huggingface(
     checkpoint: dict[str, Any] | None = None,
     results: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the Hugging Face directory of a loaded model (``out_dir`` already checked).
-
-    ``checkpoint`` (the file's dictionary) and ``results`` (evaluate.py's) fill the card.
-    """
+    """Write the Hugging Face directory of a loaded model (``out_dir`` already checked);
+    ``checkpoint`` (the file's dictionary) and ``results`` (evaluate.py's) fill the card."""
     hf, tokenizer = to_huggingface(loaded)
     sample = _sample_texts(loaded)
     diff = check_logits(loaded, hf, sample)
@@ -98,11 +89,9 @@ def export_ctranslate2(
 ) -> Path:
     """Convert an exported Hugging Face directory with CTranslate2's Transformers converter.
 
-    The converter's stock Marian loader assumes the Marian convention of starting the decoder
-    from a zero embedding and drops the last vocabulary entry (Marian's appended pad); ours
-    starts from ``<bos>`` and has no such entry. So the conversion runs with the converter's
-    generic encoder-decoder loader (its ``BartLoader``, told post- or pre-LN and no embedding
-    LayerNorm), whose ``decoder_start_token`` comes from the model config: ``<bos>``.
+    The stock Marian loader starts the decoder from a zero embedding and drops the last
+    vocabulary entry; ours starts from ``<bos>``. So the generic ``BartLoader`` runs, told
+    post- or pre-LN and no embedding LayerNorm.
     """
     converters = require_export_extra("ctranslate2.converters")
     from ctranslate2.converters import transformers as ct2_transformers

@@ -25,12 +25,8 @@ MARKER = ".transformer-mt-export"
 
 @contextlib.contextmanager
 def staging(out_dir: Path, fmt: str) -> Iterator[Path]:
-    """A new sibling directory that replaces ``out_dir`` when the block succeeds.
-
-    The sibling names are fresh (``mkdtemp``), so no existing file is ever removed to make
-    room; ``out_dir`` itself is replaced only after :func:`check_out_dir` found it empty or a
-    previous export (its marker).
-    """
+    """A fresh sibling directory (``mkdtemp``: nothing is removed to make room) that replaces
+    ``out_dir``, checked by :func:`check_out_dir`, when the block succeeds."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = _fresh_sibling(out_dir, ".partial")
     try:
@@ -60,11 +56,8 @@ def _fresh_sibling(out_dir: Path, suffix: str) -> Path:
 
 
 def _readable_by_all(directory: Path) -> None:
-    """Give every file the mode a plain ``open()`` would (0644 under umask 022).
-
-    Some writers (safetensors, temporary files renamed into place) create files readable by
-    the owner only; an exported model is meant to be shared.
-    """
+    """Give every file the mode a plain ``open()`` would (0644 under umask 022): some writers
+    make owner-only files, and an exported model is meant to be shared."""
     umask = os.umask(0)
     os.umask(umask)
     directory.chmod(0o777 & ~umask)

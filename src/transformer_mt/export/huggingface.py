@@ -1,23 +1,9 @@
 """Our model as a standard Hugging Face class: which class, its config, weights, tokenizer.
 
-Which standard class holds our model exactly:
-
-* post-LN (``norm_first=false``, the paper) -> ``MarianMTModel``;
-* pre-LN (``norm_first=true``) -> ``PegasusForConditionalGeneration`` (pre-LN layers and a final
-  LayerNorm on both stacks, as ours).
-
-Both scale token embeddings by sqrt(d_model), add sinusoidal positions of our frequencies, and
-have biases on every attention projection. Their position table puts the sines in the first
-half of the features and the cosines in the second, where ours interleaves them; and they
-rebuild the table from the formula on load (it is not saved). So the export renames the
-model's d_model features by the fixed permutation that turns our table into theirs
-(:mod:`transformer_mt.export.weights`); :func:`check_logits` verifies the result on
-every export.
-
-``<bos>`` is the decoder start token (``decoder_start_token_id``); the tokenizer's post-processor
-appends ``<eos>`` to each source, as training did. Options no standard class represents (learned
-positions, per-head sizes that do not multiply to d_model, separate vocabularies) raise
-:class:`ExportError` naming the option.
+Post-LN (the paper) -> ``MarianMTModel``; pre-LN -> ``PegasusForConditionalGeneration``. Their
+position table orders the features differently from ours, so the export permutes the d_model
+features (:mod:`transformer_mt.export.weights`; docs/export.md) and :func:`check_logits`
+verifies every export. Options no standard class represents raise :class:`ExportError`.
 """
 
 from __future__ import annotations
@@ -133,13 +119,9 @@ def hf_config(config: ModelConfig, decoding: dict[str, Any] | None = None) -> An
 def generation_config(config: ModelConfig, decoding: dict[str, Any] | None) -> Any:
     """``generate`` defaults that decode like our search.
 
-    Beam size and the "stop at K finished hypotheses" rule carry over exactly; ``<pad>`` and
-    ``<bos>`` are never generated (as in our search), and ``<eos>`` is forced at the length cap.
-    ``generate`` divides beam scores by ``|Y| ** length_penalty``: our ``length_norm=power``
-    exactly; a checkpoint decoding with ``gnmt`` (``((5 + |Y|) / 6) ** alpha``) gets the same
-    alpha under the power rule, which ranks alike at alpha 0 only. One convention cannot be
-    expressed: our length cap is per sentence (``max_len_a * source length + max_len_b``)
-    where ``generate`` has one cap (``max_length``, here the model's positional limit).
+    Beam size and the stop rule carry over exactly; ``gnmt`` length normalisation becomes the
+    power rule with the same alpha (alike at 0 only), and the per-sentence length cap becomes
+    one ``max_length`` (docs/export.md).
     """
     transformers = require_export_extra("transformers")
     search = SearchConfig.from_stored(decoding)

@@ -1,10 +1,8 @@
 """Our parameters under Marian/Pegasus names, with the d_model features permuted.
 
-Their sinusoidal position table holds the sines of all frequencies, then the cosines; ours
-interleaves them (column 2i sine, 2i+1 cosine). Renaming the residual stream's features by that
-fixed permutation makes our table theirs: weights that read the stream get their input columns
-permuted, weights that write it their rows, LayerNorm (which treats features alike) its gain and
-bias. The network then computes the same function in the new coordinates.
+Their position table holds all sines, then all cosines; ours interleaves them. Renaming the
+residual stream's features by that permutation (input columns of weights that read it, rows of
+those that write it, LayerNorm's gain and bias) computes the same function in their order.
 """
 
 from __future__ import annotations
@@ -15,20 +13,12 @@ from transformer_mt.model.transformer import Transformer
 
 
 def feature_permutation(d_model: int) -> torch.Tensor:
-    """Index ``p`` with ``ours[:, p] == standard`` for the sinusoidal tables.
-
-    Ours: column 2i = sin(pos * w_i), 2i+1 = cos(pos * w_i). Marian/Pegasus: the sines of all
-    frequencies, then the cosines.
-    """
+    """Index ``p`` with ``ours[:, p] == standard`` for the sinusoidal tables."""
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
 class _Renamer:
-    """Copies our tensors under the standard class's names, permuting the feature axis.
-
-    A weight that reads the residual stream (``(out, d_model)``) has its input columns
-    permuted; one that writes to it (``(d_model, ...)``, a bias or a norm) has its rows permuted.
-    """
+    """Copies our tensors under the standard class's names, permuting the feature axis."""
 
     def __init__(self, model: Transformer) -> None:
         self.p = feature_permutation(model.config.d_model)

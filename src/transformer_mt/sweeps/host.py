@@ -1,11 +1,9 @@
 """The machine's speed, measured before each trial of a study (``hydra.sweeper.host_check``).
 
-A study whose trials have a wall-clock budget measures the machine as much as the recipe: a
-host that slows down for a while gives that while's trials a slow machine's values, and
-nothing inside a VM need show it (load, steal time and processes all normal). So the worker
-times a fixed fp32 matrix product before every trial and confirmation, stores the figure with
-it (and the CPU's model), and with ``min_ratio`` > 0 waits while the machine runs below
-that share of the study's first measurement, then runs the trial anyway, marked.
+Trials with a wall-clock budget measure the machine as much as the recipe, and a VM need not
+show a slow spell. So a fixed fp32 matrix product is timed and stored before every trial, and
+with ``min_ratio`` > 0 the worker waits while the machine is slower than that share of the
+study's first measurement.
 """
 
 from __future__ import annotations
@@ -28,10 +26,8 @@ TRIAL_ATTR = "host"
 
 
 def cpu_model() -> str:
-    """The CPU as ``lscpu`` names it, with its family and model numbers.
-
-    The name alone does not tell generations apart (one "AMD EPYC" is a Zen 3 or a Zen 4).
-    """
+    """The CPU as ``lscpu`` names it, with its family and model numbers (the name alone does
+    not tell generations apart)."""
     family, number = provenance.cpu_family(), provenance.cpu_model_number()
     return f"{provenance.cpu_model()} (family {family}, model {number})"
 
@@ -73,11 +69,8 @@ class HostWait:
 def measure_until_fast(
     measure: Callable[[], float], reference: float, wait: HostWait
 ) -> tuple[float, float]:
-    """Measure; while below ``wait.min_ratio`` of ``reference``, wait and measure again.
-
-    Returns the last measurement and the seconds slept; gives up after ``wait.max_wait_s``
-    (the trial then runs on the slow machine, and its stored ratio says so).
-    """
+    """Measure; while below ``wait.min_ratio`` of ``reference``, wait and measure again, for
+    ``wait.max_wait_s`` at most. Returns the last measurement and the seconds slept."""
     slept = 0.0
     gflops = measure()
     while gflops < wait.min_ratio * reference:

@@ -1,10 +1,7 @@
 """PNG plots of a study, with Optuna's matplotlib visualisation.
 
-Written into the sweep directory when a sweep ends, and on demand for any stored study
-(``scripts/study_plots.py``). Optuna draws an empty figure, with a warning, when a study is too
-young for a plot; such a plot is skipped here instead, with its reason in the log: no completed
-trial yet (every plot but the intermediate values), fewer than two (parameter importances), no
-reported value (intermediate values).
+Written when a sweep ends, or by ``scripts/study_plots.py``. A plot the study is too young for
+is skipped, with its reason in the log, instead of Optuna's empty figure.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The Optuna side of a sweep: search space, storage, sampler, pruner and the study itself.
 
-Everything here is plain Optuna and Hydra's override grammar; the Hydra sweeper
-(:mod:`transformer_mt.sweeps.sweeper`) and the Lightning callback that reports to a trial
-(:mod:`transformer_mt.training.pruning`) build on it; both import this module only once a
-sweep or a trial runs, so a single training run never pays for importing Optuna.
-
-Search spaces use the grammar of Hydra's sweep overrides, the ``params:`` syntax of the Hydra
-Optuna plugin:
-
-- ``choice(a, b, c)``: categorical;
-- ``range(2, 6)``: the integers 2..5 (Python's ``range``; a third argument is the step);
-- ``interval(1e-4, 1e-2)``: a float in the interval, ``tag(log, interval(...))`` on a log
-  scale, ``int(interval(2, 8))`` an integer in [2, 8].
+Imported only once a sweep or trial runs, so a single training run never imports Optuna.
+Search spaces use Hydra's sweep-override grammar (the Optuna plugin's ``params:``):
+``choice(a, b)``, ``range(2, 6)`` (Python's), ``interval(1e-4, 1e-2)``, with
+``tag(log, ...)`` for a log scale and ``int(interval(...))`` for integers (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -108,12 +100,8 @@ def _plain(value: Any) -> Any:
 def search_space(
     params: Mapping[str, Any] | None, arguments: list[str]
 ) -> tuple[dict[str, Any], list[str]]:
-    """Distributions by key and the fixed overrides, from ``params:`` and the command line.
-
-    A sweep on the command line (``model.n_heads=choice(2,4)``) joins the space and wins over
-    the same key in ``params``; any other argument is fixed for every trial (and a plain value
-    for a key of ``params`` takes it out of the search).
-    """
+    """Distributions by key and the fixed overrides, from ``params:`` and the command line,
+    which wins: a sweep there joins the space, a plain value fixes the key for every trial."""
     space: dict[str, Any] = {}
     for key, text in _flatten(params or {}).items():
         override = _parse(key, text)
@@ -197,9 +185,8 @@ def open_study(
 
 
 def check_same_space(study: Any, space: dict[str, dist.BaseDistribution]) -> None:
-    """Refuse, before any trial is asked for, a search space that the study's earlier trials
-    drew from differently (Optuna would refuse it in ``ask``, after creating a trial that then
-    stays RUNNING and counts toward ``n_trials``).
+    """Refuse, before any trial is asked for, a search space the study's earlier trials drew
+    from differently (Optuna's ``ask`` would leave a RUNNING trial behind).
 
     Raises:
         UserError: the key, both distributions and the fix.
@@ -223,11 +210,9 @@ def enqueue_points(
 ) -> int:
     """Queue ``points`` (``hydra.sweeper.enqueue``) as the study's next trials; their count.
 
-    A point fixes some or all of the searched keys (the sampler draws the rest): the recipe
-    as shipped, or one from the literature, is measured under the study's own protocol
-    instead of waiting for the sampler to come near it. A point the study already holds, in
-    any state, is not queued again, so a resumed sweep does not repeat it; workers that start
-    together queue the list once (an empty marker study, whose creation is atomic, claims it).
+    A point fixes some searched keys (the sampler draws the rest), so a known recipe is
+    measured under the study's protocol. A point the study holds is not queued again, and
+    workers that start together queue the list once (an atomic marker study claims it).
 
     Raises:
         UserError: a point naming a key outside the search space, or a value outside its
@@ -305,12 +290,8 @@ def make_sampler(cfg: Mapping[str, Any]) -> Any:
 
 
 class TrialSeededSampler(samplers.BaseSampler):
-    """A sampler re-seeded for each trial from (seed, trial number).
-
-    One sampler seeded once per process draws the same start-up parameters in every worker and
-    in every resumed invocation. Trial numbers are unique in a study, whichever worker asks,
-    so a seed derived from them gives every trial its own draw, reproducibly.
-    """
+    """A sampler re-seeded for each trial from (seed, trial number), so every worker and
+    resumed invocation draws its own start-up parameters, reproducibly."""
 
     def __init__(self, name: str, seed: int | None, options: Mapping[str, Any]) -> None:
         self.name, self.seed, self.options = name, seed, dict(options)

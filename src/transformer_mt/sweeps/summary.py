@@ -1,22 +1,9 @@
 """Sweep bookkeeping: one result file per job, one summary table per sweep.
 
-:class:`SweepSummary` is a Hydra callback (``hydra.callbacks.sweep_summary`` in
-``configs/train.yaml``). In a multirun (``python train.py -m ...``, grid or Optuna) it
-
-1. writes ``sweep_result.json`` into each job's run directory when the job ends: its
-   number, overrides, status, the value of ``optimized_metric`` that ``train.run``
-   returned, and for a failed job the exception and traceback;
-2. rewrites ``summary.csv`` and ``summary.md`` in the sweep directory from all those
-   files, best run first (failed runs last, with their reason);
-3. for an Optuna study (:mod:`transformer_mt.sweeps.sweeper`), writes
-   ``optuna_trials.csv`` at the end: every trial of the study, including those of other
-   workers and of earlier, resumed invocations.
-
-Step 2 runs after every job and once more when the sweep ends, so the summary is
-complete even when the sweep itself stops early (Hydra's basic sweeper raises after
-its batch when a job failed; a killed Optuna study can be resumed) and it also
-works with launchers whose jobs run elsewhere (submitit) as long as the sweep
-directory is on a shared file system. Single runs are left alone.
+In a multirun, :class:`SweepSummary` (a Hydra callback) writes each job's
+``sweep_result.json``, rewrites the ranked ``summary.csv``/``summary.md`` from all of them
+after every job (so a sweep that stops early, or whose jobs run elsewhere on a shared file
+system, still has one), and at the end dumps an Optuna study's ``optuna_trials.csv``.
 """
 
 from __future__ import annotations
@@ -59,8 +46,7 @@ class JobResult:
     run_dir: str = ""
     error: str | None = None
     traceback: str | None = None
-    # Optuna sweeps: the study's trial number and state, and the sampled parameters (the
-    # overrides then hold only what the command fixed).
+    # Optuna sweeps: trial number, state and sampled parameters (not in the overrides).
     trial: int | None = None
     state: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
@@ -76,11 +62,8 @@ class JobResult:
 
 
 def _metric_value(value: Any, metric: str | None = None) -> float | None:
-    """A finite float from a job's return value, else ``None``.
-
-    evaluate.py returns its results as a dict: ``metric`` is then a dotted path into it
-    (``metrics.bleu``).
-    """
+    """A finite float from a job's return value, else ``None``; for a dict (evaluate.py's)
+    ``metric`` is a dotted path into it (``metrics.bleu``)."""
     if isinstance(value, Mapping) and metric:
         for part in metric.split("."):
             value = value.get(part) if isinstance(value, Mapping) else None
@@ -159,11 +142,8 @@ def _split_override(override: str) -> tuple[str, str]:
 
 
 def summary_table(results: list[JobResult]) -> tuple[list[str], list[list[str]], list[str]]:
-    """Header, rows and the overrides shared by every job (left out of the rows).
-
-    Each override that differs between jobs gets its own column, so the table reads
-    like the search space: ``model.dropout | optimizer.lr | val/bleu``.
-    """
+    """Header, rows and the overrides shared by every job (left out of the rows); each
+    override that differs between jobs gets its own column."""
     per_job = [
         {k: v for k, v in map(_split_override, r.overrides) if not k.startswith("hydra.")}
         for r in results
@@ -250,10 +230,8 @@ def _maximize(config: DictConfig, default: str) -> bool:
 
 
 def write_study_trials(config: DictConfig, sweep_dir: Path) -> int | None:
-    """Dump every trial of the sweep's Optuna study to ``optuna_trials.csv``; return the count.
-
-    Returns ``None`` (and writes nothing) when the sweep is not an Optuna study.
-    """
+    """Dump every trial of the sweep's Optuna study to ``optuna_trials.csv``; return the count
+    (``None``, writing nothing, for another sweeper)."""
     target = str(OmegaConf.select(config, "hydra.sweeper._target_", default="") or "")
     study_name = OmegaConf.select(config, "hydra.sweeper.study_name", default=None)
     if not target.endswith("OptunaStudySweeper") or not study_name:

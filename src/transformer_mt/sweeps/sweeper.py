@@ -1,27 +1,10 @@
 """The Optuna sweeper behind ``python train.py -m hparams_search=...`` (a Hydra sweeper plugin).
 
-Selected by ``override /hydra/sweeper: optuna_study`` in ``configs/hparams_search/*.yaml``;
-Hydra finds the plugin class in ``src/hydra_plugins/transformer_mt_sweeper``, builds it from
-:class:`OptunaStudySweeperConf` (``hydra.sweeper.*``) and the class calls :func:`sweep`. One
-invocation is one *worker*:
-
-1. it reads the search space (``params:`` and any ``key=choice(...)`` on the command line),
-   checks it against the composed config, opens the study in its storage (default: a SQLite
-   file in the sweep directory, so every sweep resumes) and refuses bad input with one
-   ``error:`` line before any trial starts;
-2. it asks the study for a trial, runs it as one Hydra job (directory ``<sweep dir>/<trial
-   number>``) with a heartbeat, tells the study how it ended (COMPLETE, PRUNED, FAIL), and
-   repeats until the study holds ``n_trials`` trials, counting those of every worker; the
-   points of ``enqueue`` come first; before each trial it measures the machine's speed
-   (``host_check``, :mod:`transformer_mt.sweeps.host`);
-3. optionally it re-runs the best ``confirm.top_k`` trials with ``confirm.overrides`` (the
-   second stage of a two-stage search), then writes plots of the study.
-
-N workers (the same command on N machines, one storage) share the study: trial numbers are
-unique, each trial's sampler seed derives from its number, and a worker that dies mid-trial
-stops beating; the others mark its trial failed (and retry it with ``max_retry``).
-
-Only this module's configuration is imported at Hydra start-up; Optuna loads when a sweep runs.
+Selected by ``override /hydra/sweeper: optuna_study``; the plugin class in
+``src/hydra_plugins/transformer_mt_sweeper`` calls :func:`sweep`. One invocation is one worker
+(:mod:`transformer_mt.sweeps.worker`); N workers on one storage share the study, and a dead
+worker's trial is failed by the others' heartbeat check (docs/scaling.md). Only this module's
+configuration is imported at Hydra start-up; Optuna loads when a sweep runs.
 """
 
 from __future__ import annotations
@@ -71,8 +54,7 @@ class ConfirmConf:
 class HostCheckConf:
     """``hydra.sweeper.host_check``: the machine's speed, measured before every trial."""
 
-    # Wait while the machine runs below this share of the study's first measurement (a trial
-    # with a wall-clock budget would take a slow host's value); 0 measures and never waits.
+    # Wait while the machine runs below this share of the study's first measurement; 0 never.
     min_ratio: float = 0.0
     # The longest wait; then the trial runs anyway, its stored ratio saying on what.
     max_wait_minutes: float = 30.0
@@ -92,11 +74,10 @@ class OptunaStudySweeperConf:
     sampler: SamplerConf = field(default_factory=SamplerConf)
     pruner: PrunerConf = field(default_factory=PrunerConf)
     params: dict[str, Any] | None = None
-    # Points to run first, each a mapping of searched keys to values (the rest are drawn):
-    # the shipped recipe, or one from the literature, measured under the study's protocol.
+    # Points to run first, each a mapping of searched keys to values (the rest are drawn).
     enqueue: list[Any] = field(default_factory=list)
-    # Seconds between a running trial's heartbeats (0: none); a trial silent for twice this
-    # long is failed by the next worker that asks, and run again up to max_retry times.
+    # Seconds between a running trial's heartbeats (0: none); a silent trial is failed and
+    # run again up to max_retry times.
     heartbeat_interval: int = 30
     max_retry: int = 0
     # A worker stops after this many failed trials in a row (a broken setup, not a bad draw).

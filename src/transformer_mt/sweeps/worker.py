@@ -1,8 +1,7 @@
 """One worker of a study: ask a trial, run it as a Hydra job, tell how it ended; repeat.
 
-:class:`StudyWorker` is what :class:`transformer_mt.sweeps.sweeper.OptunaStudySweeper` runs.
-It checks everything it can before the first trial (search space, storage, study direction,
-sweep directory), so that bad input costs one ``error:`` line, not a failed night.
+:class:`StudyWorker` checks everything it can before the first trial, so that bad input costs
+one ``error:`` line, not a failed night.
 """
 
 from __future__ import annotations
@@ -72,8 +71,7 @@ def _host_wait(check: Any) -> host.HostWait:
     """``hydra.sweeper.host_check`` as a :class:`host.HostWait`, or a UserError."""
     check = check or {}
     min_ratio = float(check.get("min_ratio") or 0.0)
-    # The sweeper's config fills both keys with HostCheckConf's defaults; without a min_ratio
-    # nothing waits, so no default is repeated here.
+    # HostCheckConf holds the defaults; without a min_ratio nothing waits.
     minutes = float(check.get("max_wait_minutes") or 0.0)
     if not 0.0 <= min_ratio <= 1.0:
         raise UserError(
@@ -164,8 +162,7 @@ class StudyWorker:
         while (trial := self._next_trial()) is not None:
             job, state = self._run_trial(trial)
             returns.append(job)
-            # A trial that ran but gave no metric failed too: it is replaced, and would be
-            # forever (a budget that ends before the first validation).
+            # A trial without a metric failed too, and would be replaced forever.
             failures = failures + 1 if state == TrialState.FAIL else 0
             if limit and failures >= limit:
                 self._finish()
@@ -230,11 +227,8 @@ class StudyWorker:
         return (TrialState.COMPLETE, value) if value is not None else (TrialState.FAIL, None)
 
     def _host_speed(self, label: str) -> host.HostSpeed:
-        """The machine's speed before ``label`` runs, against the study's first measurement.
-
-        The first measurement of the study becomes its yardstick; with ``host_check.min_ratio``
-        the worker waits here while the machine runs slower than that share of it.
-        """
+        """The machine's speed before ``label`` runs, against the study's first measurement
+        (its yardstick); with ``host_check.min_ratio`` it waits while the machine is slower."""
         cpu = self.host_cpu
         reference = self.study.user_attrs.get(host.REFERENCE)
         if reference is None:
@@ -347,12 +341,8 @@ class StudyWorker:
         return returns
 
     def _claim_confirmation(self, number: int) -> bool:
-        """True for the one worker, of all invocations on this storage, that confirms ``number``.
-
-        Creating a study is atomic in every Optuna storage (the second creator of a name gets
-        ``DuplicatedStudyError``), so an empty marker study is the claim: workers that end
-        together, or a later run of the same command, never confirm a trial twice.
-        """
+        """True for the one worker, of all invocations on this storage, that confirms ``number``
+        (creating an empty marker study is the atomic claim)."""
         name = f"{self.study.study_name}.confirm_{number}"
         try:
             self.storage.create_new_study([self.study.direction], study_name=name)

@@ -1,14 +1,9 @@
 """``average_last=N``: the run's result is the average of its last N epoch checkpoints.
 
-Averaging the last checkpoints of a run (Vaswani et al. 2017, section 6.1) smooths out the
-noise of the final steps. As a training option the average is what the run delivers: it is
-written to ``checkpoints/average-lastN.ckpt``, validated (its ``val/*`` metrics become the
-run's ``optimized_metric``, so a sweep can choose N), tested in place of the best
-checkpoint, and named in the summary as the checkpoint to evaluate and export.
-
-The inputs are the ``recent-*.ckpt`` files of ``callbacks.recent_checkpoints``, which keeps
-the last ``save_top_k`` saves (one per validation by default). A run that ends with fewer
-saves averages those it has, and says so.
+Averaging the last checkpoints (Vaswani et al. 2017, section 6.1) smooths out the noise of
+the final steps. ``checkpoints/average-lastN.ckpt`` is validated (its metrics are the run's
+``optimized_metric``), tested in place of the best checkpoint and named in the summary. The
+inputs are ``callbacks.recent_checkpoints``' ``recent-*.ckpt`` files.
 """
 
 from __future__ import annotations

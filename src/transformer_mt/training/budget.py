@@ -1,34 +1,22 @@
 """A wall-clock budget the learning rate can see: ``trainer.max_time`` as the schedule's horizon.
 
-A schedule that decays over a fixed number of epochs only anneals on the machine it was tuned
-on: on a machine half as fast, a 60-minute cap stops the run half-way down the decay, with the
-learning rate still high (the Multi30k results in the README show such a run).
-:class:`TrainingBudget` turns the budget the user states in minutes into the
-decay's horizon instead, so the learning rate reaches zero when the budget ends, on a fast
-machine or a slow one:
+A decay over a fixed number of epochs only anneals on the machine it was tuned on.
+:class:`TrainingBudget` makes the budget the decay's horizon, so the learning rate reaches zero
+when the budget ends on any machine:
 
-- it measures the training time of the run (validation included, as Lightning's ``Timer``
-  does for ``max_time``), keeps it in checkpoints, and so continues the count on resume;
-- the ``linear``/``cosine`` schedules decay by the fraction of the budget used since the warmup
-  ended (:func:`transformer_mt.training.schedules.lr_factor`);
-- the warmup ends after ``warmup_steps`` or after ``max_warmup_fraction`` of the budget,
-  whichever comes first, so a budget shorter than the warmup still reaches its peak and decays
-  (a short sweep trial is then a fair proxy for a long run instead of stopping mid-warmup);
-- it stops training early enough for the last validation to finish inside the budget: from the
-  start it reserves ``initial_reserve`` of the budget (no validation has been timed yet, and
-  the final one may be the first), then the duration of the latest validation, so the
-  annealed weights are validated, checkpointed and tested;
-- with ``validations=N`` it spreads N validations evenly over the budget (the trainer's
-  ``val_check_interval`` becomes ``max_time / N``): the run validates, and saves the
-  checkpoints ``average_last`` averages, at the same fractions of its schedule whatever the
-  budget or the machine, so an average of the last k spans the same stretch of the decay at 30
-  minutes as at 120, where a count of epochs spans less of a longer run.
+- it measures the run's training time (validation included, as Lightning's ``Timer`` does)
+  and keeps it in checkpoints, so the count continues on resume;
+- ``linear``/``cosine`` decay by the fraction of the budget used since the warmup ended;
+- the warmup ends after ``warmup_steps`` or ``max_warmup_fraction`` of the budget, whichever
+  comes first, so a short sweep trial still reaches its peak and decays;
+- it stops early enough for the last validation to finish inside the budget, reserving
+  ``initial_reserve`` until a validation is timed, then the latest validation's duration;
+- ``validations=N`` spreads N validations evenly over the budget, so ``average_last`` spans
+  the same stretch of the decay whatever the budget (docs/training.md).
 
-Without ``trainer.max_time`` the clock does nothing: step and epoch budgets are exact (and
-resume bit-identically); a time budget cannot be, since no two runs see the same clock. A step
-budget is still ended as an early stop, so that Lightning validates (and checkpoints) the last
-steps when ``trainer.max_steps`` falls part-way through an epoch: it validates at epoch ends
-and on an early stop, not on reaching ``max_steps``.
+Without ``trainer.max_time`` the clock does nothing: step and epoch budgets are exact. A step
+budget still ends as an early stop, so Lightning validates the last steps when
+``trainer.max_steps`` falls part-way through an epoch.
 """
 
 from __future__ import annotations
@@ -51,21 +39,17 @@ log = logging.getLogger(__name__)
 class TrainingBudget(Callback):
     """Measures the run's use of ``trainer.max_time``; the lr schedule and the stop read it.
 
-    Added to every training run by :func:`transformer_mt.training.run.build`. The budget itself
-    comes from the trainer's ``max_time`` (Lightning's ``Timer`` still stops the run at that
-    time as a backstop; this callback stops it a validation earlier).
+    Lightning's ``Timer`` still stops the run at ``max_time`` as a backstop; this callback
+    stops it a validation earlier.
 
     Args:
-        reserve_validation: stop when the time left is less than the latest validation took,
-            so that the final validation (of the fully annealed weights) ends inside the budget.
+        reserve_validation: stop when the time left is less than the latest validation took.
         max_warmup_fraction: the warmup ends at this fraction of the budget at the latest
-            (of the seconds for ``trainer.max_time``, of the steps for a step or epoch budget
-            of a decaying schedule), however many ``warmup_steps`` were asked for.
+            (seconds for ``trainer.max_time``, steps for a step or epoch budget).
         initial_reserve: fraction of a wall-clock budget kept for the final validation until
             a validation has been timed.
-        validations: validate this many times, evenly in time, over a wall-clock budget
-            (:func:`validation_interval`, set by ``build_trainer``); 0 = the trainer's own
-            ``val_check_interval``.
+        validations: validate this many times, evenly in time, over a wall-clock budget;
+            0 = the trainer's own ``val_check_interval``.
     """
 
     def __init__(
@@ -127,10 +111,8 @@ class TrainingBudget(Callback):
     def warmup_progress(self, step: int, warmup_steps: int) -> float:
         """Fraction of the warmup done at ``step`` (from 1); 1.0 once the warmup is over.
 
-        With a wall-clock budget the warmup also ends when ``max_warmup_fraction`` of the
-        horizon has passed, and the fraction done is whichever of steps and time is further.
-        The first call past the warmup records when it ended, so the decay spans exactly the
-        time left after it.
+        With a wall-clock budget, whichever of steps and time is further; the first call past
+        the warmup records when it ended, so the decay spans exactly the time left.
         """
         by_steps = min(step / max(warmup_steps, 1), 1.0)
         horizon = self.horizon()
@@ -145,10 +127,7 @@ class TrainingBudget(Callback):
         return min(max(by_steps, by_time), 1.0)
 
     def progress(self, step: int, warmup_steps: int) -> float | None:
-        """Fraction of the budget used since the warmup ended (0 during warmup); None: no budget.
-
-        ``step`` counts optimizer steps from 1.
-        """
+        """Fraction of the budget used since the warmup ended (0 during warmup); None: no budget."""
         horizon = self.horizon()
         if horizon is None:
             return None
@@ -275,10 +254,8 @@ def find_budget(trainer: pl.Trainer | None) -> TrainingBudget | None:
 class BudgetProgressBar(RichProgressBar):
     """Rich progress bar that counts epochs without a fake maximum and shows the time left.
 
-    A run bounded by ``trainer.max_time`` has no epoch count (``max_epochs`` is -1), which
-    Lightning's bar renders as ``Epoch 20/-2``; here the epoch stands alone and the metrics
-    column gains ``left``: the minutes until the budget stops training (the reserve for the
-    final validation already taken off).
+    Lightning shows ``Epoch 20/-2`` when ``max_epochs`` is -1; here the epoch stands alone and
+    ``left`` counts the minutes until the budget stops training.
     """
 
     def _get_train_description(self, current_epoch: int) -> str:

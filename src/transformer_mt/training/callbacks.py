@@ -1,28 +1,7 @@
 """Checkpointing that survives kill -9, Ctrl-C and a diverging loss.
 
-The pieces, wired in by :func:`transformer_mt.training.run.build` / ``configs/callbacks``:
-
-- :class:`AtomicCheckpointIO` writes every checkpoint to a temporary file in the target
-  directory, fsyncs it and renames it over the old one. Lightning's own save goes through
-  an fsspec transaction whose temporary file lives in the system temp directory: when that
-  is another file system (a tmpfs ``/tmp``, a scratch disk), the final step is a *copy*
-  into ``last.ckpt``, and a kill during the copy leaves a truncated checkpoint (plus an
-  orphaned multi-GB file in ``/tmp``). A rename within one directory is atomic.
-- :class:`SafeModelCheckpoint` is Lightning's ``ModelCheckpoint`` that (a) saves a
-  resumable checkpoint when training is interrupted (Ctrl-C, SIGTERM), (b) never writes
-  weights that are NaN/inf, so after a diverging loss ``last.ckpt`` still holds the last
-  good state, and (c) always leaves the final step in ``last.ckpt``.
-- :class:`WeightEMA` (``callbacks=ema``) is Lightning's ``EMAWeightAveraging`` with one fix:
-  validation, the test after training and every checkpoint's ``state_dict`` use the averaged
-  weights (the raw ones ride along in ``current_model_state`` for resuming).
-- :class:`StopAtStepBoundary` (always on) turns Ctrl-C and SIGTERM into a stop at the end of
-  the current training step, so that the checkpoint saved on interruption holds the same
-  weights, RNG state and loop position as a regular checkpoint of that step, and a resume
-  from it is bit-identical to an uninterrupted run. A second Ctrl-C stops at once.
-- :class:`KeepValidationClock` (with a training loader reloaded every epoch) keeps a
-  time-based ``trainer.val_check_interval`` counting across the reloads.
-
-The test-only fault hook lives in :mod:`faults`.
+Wired in by :func:`transformer_mt.training.run.build` and ``configs/callbacks``; each class
+says what it guards. The test-only fault hook lives in :mod:`faults`.
 """
 
 from __future__ import annotations
@@ -54,9 +33,8 @@ log = logging.getLogger(__name__)
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Save local checkpoints atomically: temp file in the same directory, fsync, os.replace.
 
-    A reader (a resuming run, evaluate.py) sees either the previous complete file or the new
-    complete file, never a partial one, whatever moment the process is killed. Remote paths
-    (``s3://...``) fall back to Lightning's fsspec transaction.
+    Lightning's fsspec transaction stages in the system temp directory, and a copy across file
+    systems can be torn by a kill. Remote paths (``s3://...``) still use it.
     """
 
     def save_checkpoint(
@@ -72,9 +50,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         try:
             save_checkpoint(checkpoint, target)  # the one checkpoint writer (atomic, fsync)
         except (OSError, RuntimeError) as exc:
-            # A failed write inside torch.save's zip writer surfaces as a RuntimeError
-            # ("unexpected pos ..."); the atomic write has already removed the temp file and left
-            # the previous checkpoint in place.
+            # torch.save's zip writer reports a failed write as a RuntimeError ("unexpected
+            # pos ..."); the previous checkpoint is in place and the temp file gone.
             if isinstance(exc, RuntimeError) and not _is_write_failure(exc):
                 raise
             raise checkpoint_write_error(target, exc) from exc
@@ -118,11 +95,8 @@ def checkpoint_write_error(target: Path, exc: BaseException) -> OSError:
 
 
 def is_interrupt(exc: BaseException) -> bool:
-    """Ctrl-C or SIGTERM, also when cleanup code turned it into another exception.
-
-    ``torch.save`` interrupted mid-write raises a ``RuntimeError`` from its zip writer's
-    cleanup, with the ``KeyboardInterrupt`` only as its ``__context__``.
-    """
+    """Ctrl-C or SIGTERM, also as the ``__context__`` of another exception (``torch.save``
+    interrupted mid-write raises a ``RuntimeError``)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -144,10 +118,8 @@ MAX_SKIPPED_IN_A_ROW = 10
 
 
 def stop_if_diverged(model: torch.nn.Module, loss: torch.Tensor, step: int, in_a_row: int) -> None:
-    """``nonfinite_loss=skip``: raise once skipping cannot recover (the model has diverged).
-
-    With NaN/inf weights, or non-finite losses batch after batch, every later batch would be
-    skipped too and the run would end "successfully" with a useless model.
+    """``nonfinite_loss=skip``: raise once skipping cannot recover (the model has diverged),
+    rather than skip every later batch and end "successfully" with a useless model.
 
     Raises:
         NonFiniteLossError: the weights are not finite, or ``in_a_row`` reached
@@ -169,14 +141,12 @@ def stop_if_diverged(model: torch.nn.Module, loss: torch.Tensor, step: int, in_a
 
 
 class SafeModelCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` that saves on interruption and refuses to save non-finite weights.
+    """``ModelCheckpoint`` that saves on interruption, refuses non-finite weights and always
+    leaves the final step in ``last.ckpt``.
 
     Args:
-        save_on_interrupt: Save a checkpoint (and ``last.ckpt`` with ``save_last``) when
-            training stops on Ctrl-C or SIGTERM, so ``ckpt_path=.../last.ckpt`` resumes from
-            the step reached. Other exceptions save nothing: after an error such as a
-            non-finite loss the weights may be corrupt, and the previous checkpoint is the
-            one to keep.
+        save_on_interrupt: Save (and ``last.ckpt`` with ``save_last``) on Ctrl-C or SIGTERM.
+            Other exceptions save nothing: the weights may be corrupt.
         **kwargs: ``ModelCheckpoint`` arguments.
     """
 
@@ -192,9 +162,8 @@ class SafeModelCheckpoint(ModelCheckpoint):
         if not is_interrupt(exception):
             return
         if self.save_last and self._last_step_in_last != trainer.global_step:
-            # Ctrl-C can land between the step's checkpoint and its last.ckpt (or inside the
-            # latter's write, which then leaves the old file): Lightning's "already saved at
-            # this step" check would skip the save, leaving last.ckpt behind the step reached.
+            # Ctrl-C can land between the step's checkpoint and its last.ckpt; Lightning's
+            # "already saved at this step" check would then leave last.ckpt behind.
             self._last_global_step_saved = -1
         super().on_exception(trainer, pl_module, exception)
 
@@ -204,19 +173,14 @@ class SafeModelCheckpoint(ModelCheckpoint):
             self._last_step_in_last = trainer.global_step
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Make ``last.ckpt`` hold the final step.
-
-        Lightning writes ``last.ckpt`` at the end only when the run saved nothing else; with
-        ``every_n_train_steps=N`` a finished (or resumed) run would otherwise end with a
-        ``last.ckpt`` up to N-1 steps old.
-        """
+        """Make ``last.ckpt`` hold the final step (Lightning's may be up to N-1 steps old with
+        ``every_n_train_steps=N``)."""
         super().on_train_end(trainer, pl_module)
         if self.save_last and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def _save_topk_checkpoint(self, trainer: pl.Trainer, monitor_candidates: Any) -> None:
-        # Before the first validation there is no val/bleu to rank by and Lightning would only
-        # warn and save nothing: a run shorter than one validation keeps last.ckpt, quietly.
+        # Before the first validation there is nothing to rank by: keep last.ckpt, quietly.
         unranked = self.monitor is not None and self.monitor not in monitor_candidates
         if unranked and not trainer.fit_loop.epoch_loop.val_loop._has_run:
             return
@@ -237,15 +201,9 @@ class SafeModelCheckpoint(ModelCheckpoint):
 class WeightEMA(EMAWeightAveraging):
     """An exponential moving average of the weights, which validation, test and checkpoints use.
 
-    Lightning's callback keeps the average (``decay``: the weight of the old average at each
-    update), swaps it in for validation, writes it as the checkpoint's ``state_dict`` (so that
-    ``evaluate.py``, translate, export and averaging read the average) and the raw weights as
-    ``current_model_state``, which a resumed run continues from. Loading a checkpoint outside
-    fitting must keep the average: Lightning's callback loads the raw weights whenever it still
-    holds an average, so ``trainer.test(ckpt_path=best)`` after ``fit`` scored the raw weights
-    of a checkpoint chosen by the averaged ones, and ``trainer.validate(ckpt_path=...)`` swapped
-    in the average of the fit's last step instead of the checkpoint's. So outside fitting this
-    callback leaves the weights as the checkpoint's ``state_dict`` has them.
+    Lightning's callback writes the average as ``state_dict`` and the raw weights as
+    ``current_model_state`` (for resuming). Outside fitting it would load the raw weights, or
+    swap in the fit's last average; this one leaves the checkpoint's ``state_dict`` in place.
     """
 
     def on_load_checkpoint(
@@ -268,17 +226,10 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class StopAtStepBoundary(pl.Callback):
     """Ctrl-C / SIGTERM stop training at the end of the current step (or validation batch).
 
-    Python raises ``KeyboardInterrupt`` wherever the signal lands: inside the forward pass
-    (after some dropout masks were drawn), between backward and the optimizer step, or in
-    the middle of the fused optimizer update. The checkpoint saved on interruption then
-    holds an RNG state from the middle of a step and a loop position Lightning restarts
-    differently, so the resumed run diverged from an uninterrupted one. This callback only
-    records the signal; at the end of the step it raises ``KeyboardInterrupt`` from
-    ``on_train_batch_end`` -- the point where regular checkpoints are written -- so the
-    interrupted run saves exactly what a regular checkpoint of that step holds.
-
-    A second Ctrl-C interrupts at once (the checkpoint is then that of the step reached).
-    SIGTERM takes the same path (Lightning's own SIGTERM handler still runs as well).
+    A ``KeyboardInterrupt`` mid-step would save an RNG state and loop position that a resume
+    cannot reproduce. The signal is only recorded, and raised from ``on_train_batch_end``,
+    where regular checkpoints are written, so a resume is bit-identical. A second Ctrl-C
+    interrupts at once; Lightning's own SIGTERM handler still runs.
     """
 
     def __init__(self) -> None:
@@ -300,9 +251,8 @@ class StopAtStepBoundary(pl.Callback):
     def handling_signals(self) -> Iterator[None]:
         """Install the handlers around ``trainer.fit`` (main thread only), then restore them.
 
-        Around, not inside: Lightning saves the handlers it finds when fit starts and puts
-        them back at its teardown, so handlers installed by a callback hook would outlive fit.
-        Lightning composes its own SIGTERM handler with this one.
+        Around, not inside: Lightning restores the handlers it found at fit start, so ones
+        installed by a hook would outlive fit.
         """
         if threading.current_thread() is not threading.main_thread():
             yield
@@ -323,8 +273,7 @@ class StopAtStepBoundary(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
     ) -> None:
         if self.requested is not None:
-            # Lightning writes the step's logs after the hooks that follow this one; the stop
-            # skips them, so they are written first: the log then holds every trained step.
+            # The stop skips the hooks that write the step's logs: write them first.
             pl_module.on_train_batch_end(*args, **kwargs)
             trainer._logger_connector.on_batch_end()
             trainer._logger_connector.update_train_step_metrics()
@@ -340,12 +289,8 @@ class StopAtStepBoundary(pl.Callback):
 class KeepValidationClock(pl.Callback):
     """A time-based ``trainer.val_check_interval`` that counts across training-loader reloads.
 
-    Lightning restarts its validation clock whenever it sets up a training loader. A loader
-    reloaded every epoch (BPE-dropout's new segmentation, a new draw of the directions) in
-    epochs shorter than the interval then never validates until training ends: no curve, no
-    best or recent checkpoints to choose or average from. This callback puts back, at each
-    epoch's start, the clock as the last validation left it. It reads Lightning's private
-    ``_last_val_time``; a test holds it to the Lightning in use.
+    Lightning restarts its validation clock at each loader setup, so epochs shorter than the
+    interval would never validate. Uses Lightning's private ``_last_val_time`` (a test holds it).
     """
 
     def __init__(self) -> None:

@@ -1,10 +1,7 @@
 """Start-up checks of a training run: what can be found before any data is read or step trained.
 
-Each raises a user error (one ``error:`` line, exit 2, docs/errors.md) naming the value, the
-cause and the fix: ``data.max_len`` beyond the positional table, a checkpoint to resume from
-that is unreadable, foreign, of another model shape or tokenizer, and a disk without room for
-the checkpoints the run keeps. The run directory's own checks (writable, locked) are in
-:mod:`transformer_mt.training.rundir`.
+Each raises a user error naming the value, the cause and the fix (docs/errors.md); the run
+directory's own checks are in :mod:`transformer_mt.training.rundir`.
 """
 
 from __future__ import annotations
@@ -20,13 +17,8 @@ from transformer_mt.model.transformer import ModelConfig
 
 
 def check_max_len(data_max_len: int | None, model_max_len: int) -> None:
-    """A sentence of ``data.max_len`` tokens must fit the model's positional table.
-
-    The longest tensor row the model sees is ``data.max_len`` subword tokens plus one special
-    token: ``<eos>`` after the source, ``<bos>`` before the decoder input. Longer training
-    pairs are dropped and longer validation/test sentences truncated to ``data.max_len``, so
-    this check at start-up is what keeps every row within ``model.max_len`` positions.
-    """
+    """A sentence of ``data.max_len`` tokens plus ``<bos>``/``<eos>`` must fit the model's
+    positional table (longer pairs are dropped or truncated to ``data.max_len``)."""
     if data_max_len is None:
         return
     needed = int(data_max_len) + 1
@@ -39,11 +31,8 @@ def check_max_len(data_max_len: int | None, model_max_len: int) -> None:
 
 
 def check_resume_checkpoint(ckpt_path: Any) -> LoadedModel | None:
-    """Read the checkpoint to resume from, before anything else is done.
-
-    A truncated, foreign or unsafe file is a one-line :class:`CheckpointError` (exit 2)
-    here rather than a traceback from deep inside Lightning.
-    """
+    """Read the checkpoint to resume from, before anything else: a bad file is a one-line
+    :class:`CheckpointError` here, not a traceback from deep inside Lightning."""
     if not ckpt_path or str(ckpt_path) in ("last", "best", "hpc"):
         return None  # Lightning's own shorthands: it finds the file itself
     path = Path(str(ckpt_path))
@@ -65,12 +54,8 @@ def _vocabularies(tokenizer: Tokenizer) -> tuple[dict[str, int], dict[str, int]]
 def check_resume_matches(
     resumed: LoadedModel, tokenizer: Tokenizer, model_config: ModelConfig, run_dir: Path
 ) -> None:
-    """The checkpoint to resume from was trained with this run's tokenizer and model shape.
-
-    A different vocabulary failed deep in Lightning's ``load_state_dict``; a different
-    tokenizer of the same size resumed silently, feeding the model token ids that now mean
-    other subwords.
-    """
+    """The checkpoint to resume from was trained with this run's tokenizer (same subwords,
+    not only the same size) and model shape."""
     path = resumed.path
     theirs, ours = resumed.tokenizer, tokenizer
     sizes = (
@@ -104,12 +89,9 @@ def check_resume_matches(
 
 
 def check_free_space(run_dir: Path, module: Any, callbacks: list[Any]) -> None:
-    """Fail at start-up when the checkpoints this run keeps cannot fit on the disk.
-
-    Each checkpoint holds the weights and two Adam moments (3 x the parameter bytes), and with
-    a weight average (``callbacks=ema``) the average too (4 x); the checkpoint callbacks keep
-    ``save_top_k`` files (+ ``last.ckpt``), and a save needs one temporary file more.
-    """
+    """Fail at start-up when the checkpoints this run keeps cannot fit on the disk: each is
+    3 x the parameter bytes (weights, two Adam moments; 4 x with EMA), ``save_top_k`` (+ last)
+    files plus one temporary."""
     from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
 
     copies = 4 if any(isinstance(cb, WeightAveraging) for cb in callbacks) else 3

@@ -1,18 +1,9 @@
 """Fine-tuning from a trained model: ``python train.py init_from=CKPT data=... [freeze=[...]]``.
 
-The run starts from the checkpoint's weights and nothing else of its training state: the
-optimizer, the learning-rate schedule and the step counter start afresh (continued training
-and domain adaptation, as JoeyNMT's ``load_model`` or fairseq's ``--reset-optimizer`` do). The
-checkpoint's tokenizer is adopted instead of training one on the new data, since its token ids
-are what the weights mean; for the same reason every model setting that shapes the weights
-(``d_model``, layers, vocabulary, ...) is taken from the checkpoint, and only the settings in
-:data:`FINETUNABLE` (dropout, the attention kernel) come from the run's config. A shape setting
-given on the command line that disagrees with the checkpoint is an error, not a silent choice.
-
-``freeze`` names parts of the model that keep their weights (Lightning's ``BaseFinetuning``
-callback turns their gradients off before the optimizer is built): ``embeddings``, ``encoder``,
-``decoder``, ``generator``, or any submodule path such as ``encoder.layers.0``. Parameters are
-frozen as objects, so a tied or shared embedding is frozen wherever it is used.
+The run takes the checkpoint's weights, tokenizer (its ids are what the weights mean) and
+model shape; optimizer, schedule and step count start afresh, and only :data:`FINETUNABLE`
+settings come from the run's config (docs/finetuning.md). ``freeze`` keeps named parts at
+their weights; parameters are frozen as objects, so a tied embedding is frozen everywhere.
 """
 
 from __future__ import annotations
@@ -36,8 +27,7 @@ from transformer_mt.training.config import TrainSchema, model_settings
 
 log = logging.getLogger(__name__)
 
-#: Model settings a fine-tuning run may change: they do not change the weights' shapes or
-#: meaning.
+#: Model settings a fine-tuning run may change: not the weights' shapes or meaning.
 FINETUNABLE = ("dropout", "attention_dropout", "fused_attention")
 #: Data settings that decide the tokenizer; with ``init_from`` the checkpoint's tokenizer rules.
 TOKENIZER_KEYS = ("vocab_size", "joint_vocab", "min_frequency")
@@ -101,10 +91,8 @@ def load_init(path: Any) -> LoadedModel:
 
 
 def explicit_overrides(prefix: str) -> set[str]:
-    """Keys under ``prefix`` (``"model"``) set on the command line; all of them for ``model=X``.
-
-    Outside ``@hydra.main`` (tests, notebooks) nothing counts as given on the command line.
-    """
+    """Keys under ``prefix`` (``"model"``) set on the command line; all of them (``"*"``) for
+    ``model=X``; none outside ``@hydra.main``."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
@@ -174,8 +162,7 @@ def adopt_tokenizer(init: LoadedModel, run_dir: Path) -> Tokenizer:
     """The checkpoint's tokenizer, saved in ``run_dir`` like a trained one would be.
 
     Raises:
-        UserError: ``run_dir`` already holds another tokenizer (a run directory of another
-            vocabulary); it is not overwritten.
+        UserError: ``run_dir`` already holds another tokenizer; it is not overwritten.
     """
     tokenizer, path = init.tokenizer, run_dir / FILENAME
     if path.is_file():

@@ -1,15 +1,9 @@
 """Loggers that keep what earlier parts of a run wrote.
 
-Lightning's ``CSVLogger`` deletes ``metrics.csv`` when its directory is not empty ("Previous
-log files in this directory will be deleted"), so resuming a run into its own directory lost
-every metric of the first part, validation included. :class:`CSVLogger` here appends instead:
-the rows of all parts stay in one ``metrics.csv``, and a part that logs a new column rewrites
-the file with the wider header through the atomic writer, so a crash never tears it.
-
-A part that was killed (``kill -9``) after its last checkpoint has logged steps that the next
-part trains, and logs, again; those steps then appear twice, the later row being the one the
-resumed weights continue from. A Ctrl-C/SIGTERM stop saves the step it logged last, so its
-steps appear once.
+Lightning's ``CSVLogger`` deletes ``metrics.csv`` in a non-empty directory, so a resume lost
+the first part's metrics. :class:`CSVLogger` here appends; a new column rewrites the file
+atomically with the wider header. Steps logged after a killed part's last checkpoint appear
+twice, the later row being the one the resumed weights continue from.
 """
 
 from __future__ import annotations

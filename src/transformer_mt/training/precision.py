@@ -1,15 +1,8 @@
 """``trainer.precision=auto``: pick the training precision this machine runs fastest.
 
-What the hardware offers is detected (CUDA bf16; CPU bf16 units: AMX ``amx_bf16``,
-``avx512_bf16``); where bf16 could pay off on a CPU a short calibration times whole training
-steps of the *actual* model in fp32 and under bf16 autocast (forward, the label-smoothed loss,
-backward, clipping and the fused AdamW step, on a batch of the run's token budget) and keeps
-bf16 only when it is clearly faster, because bf16 units alone do not make a small model
-faster: casts and the work outside the matrix products (the optimizer step, the loss over the
-vocabulary) can eat the gain (see ``scripts/benchmark.py loop``, one row per precision). The
-choice and its reason are logged at start-up.
-
-Rules:
+On a CPU with bf16 units a short calibration times whole training steps of the actual model
+in fp32 and under bf16 autocast, since casts and the work outside the matrix products can eat
+bf16's gain on a small model (docs/training.md). Rules:
 
 * CUDA with bf16 (Ampere or newer): ``bf16-mixed`` (tensor cores; no loss scaling needed).
 * CUDA without bf16: ``32-true`` (``16-mixed`` needs a GradScaler; ask for it explicitly).
@@ -28,17 +21,16 @@ import logging
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from transformer_mt.provenance import cpu_units
+
 log = logging.getLogger(__name__)
 
-#: bf16 must beat fp32 by this factor in the median of the paired rounds to be chosen. The
-#: median of interleaved pairs is what a busy machine cannot move much: a round slowed by
-#: another job slows both of its halves, and one odd round does not decide (a rule that also
-#: wanted every round won let one such round flip the choice).
+#: bf16 must beat fp32 by this factor in the median of the paired rounds to be chosen: a busy
+#: machine slows both halves of a round, and one odd round does not decide.
 MIN_SPEEDUP = 1.25
 
 #: Paired rounds of the calibration (after one warm-up round).
@@ -55,21 +47,9 @@ class Choice:
     reason: str
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    """The CPU feature flags (Linux ``/proc/cpuinfo``; empty where that does not exist)."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 def cpu_bf16_units(flags: set[str] | None = None) -> list[str]:
     """The bf16 instruction sets this CPU has (``amx_bf16``, ``avx512_bf16``), best first."""
-    flags = cpu_flags() if flags is None else flags
+    flags = set(cpu_units()) if flags is None else flags
     return [f for f in CPU_BF16_FLAGS if f in flags]
 
 
@@ -93,12 +73,11 @@ def resolve_precision(
     Args:
         requested: ``trainer.precision`` as configured (``auto``, ``32-true``, ...).
         accelerator: ``trainer.accelerator`` (``cpu``, ``gpu``, ``auto``, ...).
-        model: the model to calibrate with on a CPU that has bf16 units (a copy is timed;
-            the global random state is left untouched). Without it such a CPU gets fp32.
+        model: the model to calibrate with on a CPU that has bf16 units (a copy is timed).
+            Without it such a CPU gets fp32.
         flags: CPU flags (tests); read from ``/proc/cpuinfo`` when None.
         calibrate_steps: timed training steps per precision.
-        batch_tokens: the run's batch budget (``data.max_tokens``): the calibration batch
-            has about as many tokens.
+        batch_tokens: about the tokens of the calibration batch (``data.max_tokens``).
     """
     if requested is None:
         return Choice("32-true", "Lightning's default (trainer.precision not set)")
@@ -151,12 +130,9 @@ def calibrate(
 ) -> list[tuple[float, float]]:
     """Seconds of one training step of a copy of ``model``, per round: (fp32, bf16).
 
-    A step is what training runs: forward (under bf16 autocast for bf16), the label-smoothed
-    loss in float32, backward, clipping to norm 1 and a fused AdamW step, on a batch of about
-    ``batch_tokens`` tokens. The two precisions alternate within each round (and swap order
-    between rounds) so that a busy machine slows both alike; the caller compares them round by
-    round. The global RNG (dropout) is restored afterwards, so calibrating does not change the
-    training run, and ``model`` itself is never touched (the copy takes the steps).
+    A step is forward, loss, backward, clipping and a fused AdamW step on about
+    ``batch_tokens`` tokens. The precisions alternate (order swapped between rounds) so a busy
+    machine slows both alike; the global RNG and ``model`` are left untouched.
     """
     from transformer_mt.training.loss import label_smoothed_loss
 

@@ -1,18 +1,10 @@
 """A sweep trial's side of a study: its storage and pruner, report ``val/bleu`` against the
 budget used, stop when told.
 
-:class:`TrialPruning` is added to every run by :func:`transformer_mt.training.run.build`. In a
-trial of :class:`transformer_mt.sweeps.sweeper.OptunaStudySweeper` (the job's config has
-``hydra.sweeper.trial_id``) it reports the monitored metric at each validation and stops the
-run at once when the study's pruner says so; the checkpoints written so far stay. Elsewhere it
-does nothing, except under DDP, where every rank joins the one broadcast of rank 0's decision,
-so that all ranks stop together.
-
-The pruner sees the budget as a percentage: of ``trainer.max_time`` when set (the
-:class:`TrainingBudget` clock), else of the planned optimizer steps, on a grid of 5%. A
-validation at 37% reports at 35% and fills every grid point since the previous validation
-with the value known then, so trials that validate at different moments still compare at the
-same steps (the median pruner compares equal steps only).
+:class:`TrialPruning` is in every run; outside a sweeper's trial (``hydra.sweeper.trial_id``)
+it only joins DDP's broadcast of rank 0's decision. The pruner sees percent of the budget
+(``trainer.max_time``, else planned steps) on a 5% grid, filling the points between validations
+with the value known then, so trials that validate at different moments compare at equal steps.
 """
 
 from __future__ import annotations
@@ -83,9 +75,7 @@ class StudyTrial:
         if not self.pruner.prune(self.study, frozen):
             return False
         if GIVEN_POINT in frozen.system_attrs:
-            # A given point is a reference the study measures under its own protocol, not a
-            # draw to bet on: it runs its whole budget. Early values mislead most where the
-            # study looks for recipes that gain late (a regularised recipe starts slower).
+            # A given point is a reference, not a draw to bet on: it runs its whole budget.
             log.info("a given point runs its whole budget: not pruned at %d%%", percent)
             return False
         self.storage.set_trial_user_attr(self.trial_id, PRUNED_AT, percent)
@@ -107,12 +97,8 @@ def trial_from_hydra() -> StudyTrial | None:
 
 
 def rerun_as_one_job() -> None:
-    """Make Lightning's DDP launcher start the other ranks as this job, not as the sweep.
-
-    Lightning starts rank 1.. by re-running ``sys.argv``; in a sweep that is the whole ``-m``
-    command, and each rank would run a sweep of its own. The job's own overrides (the trial's
-    parameters included) in RUN mode make every rank train this trial.
-    """
+    """Make Lightning's DDP launcher, which re-runs ``sys.argv``, start the other ranks as this
+    job (its overrides in RUN mode), not as a sweep of their own."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -126,12 +112,8 @@ DDP_ENVIRONMENT = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WOR
 
 @contextlib.contextmanager
 def one_trial_per_process_group() -> Iterator[None]:
-    """Around each job of a sweep: the next trial starts its DDP ranks afresh.
-
-    Lightning's launcher leaves ``LOCAL_RANK`` and friends in the environment and the process
-    group open; the next trial in the same process would then take its ranks as started from
-    outside and wait for ranks that exited with the previous trial.
-    """
+    """Around each job of a sweep: the next trial starts its DDP ranks afresh, not from the
+    ``LOCAL_RANK`` and process group Lightning's launcher leaves behind."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -216,16 +198,14 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, max_retry: 
     import optuna
     from optuna.storages import RetryFailedTrialCallback
 
-    # Heartbeats are "experimental" and "meant for Study.optimize" to Optuna; the sweeper beats
-    # itself (sweeps.worker.StudyWorker), so the warnings would only be noise in every trial's log.
+    # Optuna's heartbeat warnings are noise here: sweeps/worker.py beats itself.
     warnings.filterwarnings("ignore", message=".*[Hh]eartbeat.*")
     retry = RetryFailedTrialCallback(max_retry=max_retry) if max_retry > 0 else None
     beat: dict[str, Any] = {}
     if heartbeat_interval:
         beat = {
             "heartbeat_interval": int(heartbeat_interval),
-            # Ten missed beats, not Optuna's two: a loaded machine can stall a live worker's
-            # beat for seconds, and failing its trial would run it twice.
+            # Not Optuna's two: a loaded machine can stall a live worker's beat for seconds.
             "grace_period": GRACE_BEATS * int(heartbeat_interval),
             "failed_trial_callback": retry,
         }
@@ -252,11 +232,8 @@ _CREATED_MEANWHILE = ("already exists", "duplicate key", "UNIQUE constraint fail
 
 
 def _rdb_storage(url: str, beat: dict[str, Any]) -> Any:
-    """An RDBStorage; workers that start together on a new database all get one.
-
-    The first connection creates the tables; a second worker creating them at the same moment
-    fails on the existing ones, and opening again then finds the schema complete.
-    """
+    """An RDBStorage; workers that start together on a new database, and race to create its
+    tables, all get one."""
     import optuna
 
     for attempt in range(4):

@@ -56,9 +56,8 @@ def model_config_from(model: Any, src_vocab: int, tgt_vocab: int, pad_id: int) -
     return ModelConfig.from_dict(values)
 
 
-#: Lightning lines that say nothing about this run: its advertisements ("Tip: ... try
-#: installing litlogger") and the note that our model summary (training/summary.py) replaces
-#: its default one.
+#: Lightning lines that say nothing about this run: its "Tip:" adverts and the note that
+#: training/summary.py replaces its model summary.
 _CHATTER = ("💡 Tip:", "Trainer already configured with model summary callbacks")
 
 
@@ -69,10 +68,8 @@ def _not_chatter(record: logging.LogRecord) -> bool:
 def route_lightning_logs() -> None:
     """Each Lightning log line once, through the handlers Hydra configured, without chatter.
 
-    The ``lightning`` package logger has a console handler of its own and also propagates to
-    the root logger, so under Hydra (which gives the root logger a console and a ``train.log``
-    handler) every line would show twice, once plain and once in Hydra's format. Without root
-    handlers (Python use outside Hydra) Lightning keeps its own.
+    Lightning's console handler goes when the root logger has handlers (Hydra's), which
+    would print every line twice; outside Hydra Lightning keeps its own.
     """
     if logging.getLogger().handlers:
         for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
@@ -109,11 +106,7 @@ def prepare_data(
     cfg: TrainSchema, run_dir: Path, start: FineTuneStart | None = None
 ) -> TranslationDataModule:
     """The data module with its tokenizer trained (or read, or taken from ``init_from``) in
-    ``run_dir`` and its splits ready.
-
-    The model needs the tokenizer's vocabulary sizes, so this runs before :func:`build`;
-    Lightning's own later ``prepare_data``/``setup`` calls find the work done.
-    """
+    ``run_dir`` and its splits ready; before :func:`build`, which needs the vocabulary sizes."""
     datamodule = TranslationDataModule(
         cfg.data.config(),
         work_dir=run_dir,
@@ -173,8 +166,7 @@ def build_trainer(cfg: TrainSchema, module: TranslationModule) -> pl.Trainer:
     extra: dict[str, Any] = {}
     budget = next(cb for cb in callbacks if isinstance(cb, TrainingBudget))
     if budget.validations:
-        # Validations (and so the checkpoints average_last averages) at fixed fractions of
-        # the budget, whatever its length (training/budget.py).
+        # At fixed fractions of the budget, whatever its length (training/budget.py).
         interval = validation_interval(cfg.trainer.get("max_time"), budget.validations)
         extra["val_check_interval"] = interval
         log.info(
@@ -183,8 +175,7 @@ def build_trainer(cfg: TrainSchema, module: TranslationModule) -> pl.Trainer:
             budget.validations,
         )
     loggers = _instantiate_all(cfg.logger)
-    # Checkpoints are written to a temp file next to the target and renamed: kill -9 at any
-    # moment leaves the previous last.ckpt intact (see transformer_mt.training.callbacks).
+    # Atomic checkpoint writes: kill -9 leaves the previous last.ckpt intact (callbacks.py).
     plugins = list(cfg.trainer.get("plugins") or [])
     if not any(isinstance(p, AtomicCheckpointIO) for p in plugins):
         plugins.append(AtomicCheckpointIO())
@@ -200,8 +191,7 @@ def build_trainer(cfg: TrainSchema, module: TranslationModule) -> pl.Trainer:
     rerun_as_one_job()
     data = cfg.data.config()
     if data.bpe_dropout > 0 or data.resamples_directions:
-        # Each epoch's BPE-dropout segmentation, or its draw of the directions, comes with a
-        # new training loader.
+        # Each epoch's BPE-dropout segmentation or draw of directions needs a new loader.
         extra["reload_dataloaders_every_n_epochs"] = 1
         callbacks.append(KeepValidationClock())
     return hydra.utils.instantiate(
@@ -211,8 +201,7 @@ def build_trainer(cfg: TrainSchema, module: TranslationModule) -> pl.Trainer:
         logger=loggers or False,
         plugins=plugins,
         precision=choice.precision,
-        # No progress bar configured (callbacks.progress_bar=null) means none: Lightning
-        # would otherwise add its default bar, which fills a plain log file with redraws.
+        # callbacks.progress_bar=null means none, not Lightning's default bar in a log file.
         enable_progress_bar=any(isinstance(cb, ProgressBar) for cb in callbacks),
     )
 
@@ -220,10 +209,8 @@ def build_trainer(cfg: TrainSchema, module: TranslationModule) -> pl.Trainer:
 def build(
     cfg: TrainSchema, datamodule: TranslationDataModule, start: FineTuneStart | None = None
 ) -> tuple[TranslationModule, pl.Trainer]:
-    """Lightning module and Trainer from a composed config and the prepared data.
-
-    It only builds: the data is prepared before (:func:`prepare_data`), nothing is written.
-    """
+    """Lightning module and Trainer from a composed config and the prepared data; writes
+    nothing."""
     module = build_module(cfg, datamodule, start)
     return module, build_trainer(cfg, module)
 
@@ -231,10 +218,8 @@ def build(
 def prepare_and_build(
     cfg: DictConfig | TrainSchema,
 ) -> tuple[TranslationDataModule, TranslationModule, pl.Trainer]:
-    """What a run does before ``fit``: seed, prepare the data, build module and Trainer.
-
-    For tools that drive the fit themselves (the loop benchmark); :func:`run` does the same.
-    """
+    """What a run does before ``fit`` (seed, data, module, Trainer), for tools that drive the
+    fit themselves."""
     cfg = train_settings(cfg)
     run_dir = Path(cfg.run_dir)
     start = finetune_start(cfg, run_dir)  # init_from: the checkpoint's weights and tokenizer
@@ -321,10 +306,7 @@ def _interrupted(trainer: pl.Trainer) -> TrainingInterrupted:
 
 
 def run(cfg: DictConfig | TrainSchema) -> float | None:
-    """Train, test the best checkpoint, print a summary; return ``cfg.optimized_metric``.
-
-    The composed config becomes typed settings once, here (:func:`train_settings`).
-    """
+    """Train, test the best checkpoint, print a summary; return ``cfg.optimized_metric``."""
     cfg = train_settings(cfg)
     if "WANDB_API_KEY" not in os.environ:
         # Without a key wandb would prompt or hang; offline files can be synced later.
@@ -336,8 +318,7 @@ def run(cfg: DictConfig | TrainSchema) -> float | None:
         torch.set_num_threads(cfg.threads)
 
     run_dir = Path(cfg.run_dir)
-    # One run per directory, checked and locked once: by RunDirGuard when Hydra starts a
-    # single run (then this is a no-op), here for multirun jobs and direct callers.
+    # One run per directory; a no-op when RunDirGuard has claimed it (Hydra single runs).
     claimed = claim_run_dir(run_dir)
     try:
         with one_trial_per_process_group():

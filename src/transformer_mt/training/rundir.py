@@ -1,18 +1,10 @@
 """The run directory: checked at start-up and held by one training run at a time.
 
-Two runs writing into one directory overwrite each other's ``.hydra/config.yaml``, interleave
-``train.log`` and leave each other's ``last.ckpt`` behind for the summary. A run therefore
-holds an exclusive lock on ``<run dir>/.run.lock`` (``filelock``: an OS lock, released by the
-kernel when the process dies, so a lock left by a killed run is recovered without any
-clean-up) and writes its PID to ``<run dir>/.run.pid`` for the message of the next one.
-
-:class:`RunDirGuard` is a Hydra callback (``configs/train.yaml`` ``hydra.callbacks``): Hydra
-creates the run directory and writes ``.hydra/`` *before* the task runs, so an unwritable or
-busy ``hydra.run.dir`` has to be caught in ``on_run_start``, where Hydra's traceback would
-otherwise be all the user sees. ``run()`` claims it for multirun jobs and for callers that do
-not go through Hydra; a directory already claimed in this process is not checked again.
-
-Light on purpose: no torch, no Lightning, so the check costs nothing at start-up.
+Two runs in one directory would overwrite each other's files, so a run holds an OS lock on
+``<run dir>/.run.lock`` (released by the kernel when the process dies) and writes its PID to
+``.run.pid`` for the next one's message. :class:`RunDirGuard` checks in Hydra's
+``on_run_start``, before Hydra writes ``.hydra/``; ``run()`` claims for multirun jobs and
+direct callers. No torch, no Lightning: the check costs nothing at start-up.
 """
 
 from __future__ import annotations
@@ -69,12 +61,8 @@ def probe_writable(directory: Path, what: str = "the run directory") -> None:
 
 
 def check_output_dir(run_dir: Path) -> None:
-    """Fail at the start, not after an hour, when the run directory cannot be written.
-
-    Checks the run directory and, when it already exists (a reused run directory), its
-    ``checkpoints/`` subdirectory: a read-only ``checkpoints/`` was otherwise found only at
-    the first save, after an epoch of training.
-    """
+    """Fail at the start, not at the first save, when the run directory (and an existing
+    ``checkpoints/`` in it) cannot be written."""
     probe_writable(run_dir)
     checkpoints = run_dir / "checkpoints"
     if checkpoints.exists():

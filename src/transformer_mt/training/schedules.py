@@ -8,12 +8,8 @@ import math
 def inverse_sqrt_schedule(step: int, warmup_steps: int) -> float:
     """Learning-rate factor of the paper (section 5.3), normalised to peak at 1.0.
 
-    The paper uses ``lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)``, which peaks at
-    ``step = warmup`` with value ``d_model^-0.5 * warmup^-0.5``. Dividing by that peak gives
-    ``min(step / warmup, sqrt(warmup / step))``: linear warmup, then inverse square root. The
-    optimizer's ``lr`` is therefore the peak learning rate; the paper's own schedule is
-    ``lr = scale * (d_model * warmup)^-0.5`` with ``scale = 1`` (see :func:`paper_peak_lr`).
-    ``step`` counts optimizer steps from 1.
+    ``min(step / warmup, sqrt(warmup / step))`` for ``step`` from 1: the optimizer's ``lr`` is
+    the peak (the paper's is :func:`paper_peak_lr`).
     """
     step = max(step, 1)
     if warmup_steps <= 0:
@@ -43,26 +39,17 @@ def lr_factor(
 ) -> float:
     """Learning-rate factor (peak 1.0) at optimizer step ``step`` (counted from 1).
 
-    ``inverse_sqrt`` is the paper's schedule (:func:`inverse_sqrt_schedule`) and needs no
-    horizon. ``linear`` and ``cosine`` share its linear warmup, then decay towards 0 over the
-    budget the user stated, in the unit they stated it: for a fixed budget, decaying to zero by
-    the end trains better than a schedule still at a third of its peak when the budget runs out
-    (Li et al., 2020, "Budgeted Training: Rethinking Deep Neural Network Training Under
-    Resource Constraints").
+    ``inverse_sqrt`` needs no horizon. ``linear`` and ``cosine`` share its warmup, then decay
+    to 0 at the end of the stated budget, which trains better than a schedule still well above
+    zero when the budget runs out (Li et al., 2020, "Budgeted Training").
 
     Args:
-        step: optimizer step, from 1.
-        warmup_steps: length of the linear warmup.
-        schedule: ``inverse_sqrt``, ``linear`` or ``cosine``.
-        total_steps: the step budget (``max_steps``, or ``max_epochs`` x steps per epoch), or
-            ``None``; zero is reached one step after the last, so the last step still learns.
-        time_progress: the fraction of a wall-clock budget (``trainer.max_time``) used since
-            the warmup ended, or ``None`` (see
-            :class:`transformer_mt.training.budget.TrainingBudget`).
-            With both budgets the decay follows whichever runs out first.
+        total_steps: the step budget, or ``None``; zero is reached one step after the last,
+            so the last step still learns.
+        time_progress: the fraction of a wall-clock budget used since the warmup ended
+            (``TrainingBudget``), or ``None``; with both budgets, whichever runs out first.
         warmup_progress: the fraction of the warmup done, from a wall-clock budget that may
-            end the warmup before ``warmup_steps`` (:meth:`TrainingBudget.warmup_progress`);
-            1.0 once it is over; ``None`` means ``step / warmup_steps``.
+            end it early; ``None`` means ``step / warmup_steps``.
     """
     if schedule == "inverse_sqrt":
         return inverse_sqrt_schedule(step, warmup_steps)

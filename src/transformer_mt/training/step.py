@@ -1,9 +1,7 @@
 """The lean parts of the training step: no host sync between log steps, bf16 clipping.
 
-Reading a tensor's value on the host (``float(t)``, ``if t:``, ``t.item()``) makes the host
-wait for the device; on a GPU that stalls every step. The training step therefore sums its
-metrics on the device (:class:`StepWindow`) and reads them once per ``log_every_n_steps``, and
-on an accelerator the NaN check is read there as well (:func:`check_at_once`).
+Reading a tensor on the host stalls a GPU every step, so metrics are summed on the device
+(:class:`StepWindow`) and read once per ``log_every_n_steps``, the NaN check with them.
 """
 
 from __future__ import annotations
@@ -25,12 +23,8 @@ def is_log_step(trainer: Any) -> bool:
 
 
 def check_at_once(device: torch.device, nonfinite_loss: str) -> bool:
-    """Whether a step must know at once that its loss is finite.
-
-    On the CPU reading one scalar costs nothing (the step ran synchronously), and
-    ``nonfinite_loss=skip`` must decide before the optimizer step. On an accelerator with
-    ``stop`` the check waits for the next log step, so no step waits for the device.
-    """
+    """Whether a step must know at once that its loss is finite: on the CPU a read costs
+    nothing, and ``skip`` decides before the optimizer step; else it waits for a log step."""
     return device.type == "cpu" or nonfinite_loss == "skip"
 
 
@@ -70,8 +64,7 @@ class StepWindow:
         if "bad" in sums and bool(sums["bad"]):  # the one host read of a deferred check
             raise nonfinite_error(f"non-finite in the {steps} steps up to {global_step}")
         tokens = sums["tokens"].clamp(min=1)
-        # Perplexity of the window, token-weighted; throughput over its wall clock, data
-        # loading and logging included, as the user experiences it.
+        # Throughput over the window's wall clock, data loading and logging included.
         metrics = {"train/ppl": torch.exp((sums["nll"] / tokens).clamp(max=50.0))}
         if elapsed > 0:
             metrics["train/tokens_per_sec"] = tokens.float() / elapsed
@@ -83,9 +76,8 @@ def clip_without_scaler(
 ) -> bool:
     """Clip gradients here when Lightning's plugin would refuse to; True when done.
 
-    Lightning's mixed-precision plugin refuses to clip when the optimizer unscales gradients
-    itself (fused AdamW), a concern of fp16's GradScaler only. bf16-mixed has no scaler: its
-    gradients are true values and clipping them is what fp32 does.
+    Lightning refuses with a fused optimizer, a concern of fp16's GradScaler only; bf16-mixed
+    has no scaler, so its gradients clip as fp32's do.
     """
     if not clip_val or getattr(plugin, "scaler", "absent") is not None:
         return False

@@ -1,8 +1,6 @@
 """The model table printed when training starts: each part's parameters, then the totals.
 
-Lightning's summaries add a FLOPs column that it fills only for a module with an
-``example_input_array``; a translation model has no single example input (its two sequences
-vary in length), so the column would read 0 on every row.
+Without Lightning's FLOPs column, which needs an ``example_input_array`` and reads 0 here.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Parallel corpora by source kind: the Hugging Face Hub, local files, or generated.
 
-Every source returns a :class:`datasets.DatasetDict` with two text columns, ``src`` and
-``tgt``, and (at least) the splits ``train``, ``validation`` and ``test``. Nothing here
-tokenizes; lengths and filtering happen after tokenization (:mod:`transformer_mt.data.prepare`).
-
-- :mod:`.hub`: ``datasets.load_dataset`` (``data.source=hub``);
-- :mod:`.files`: line-aligned, TSV or JSONL files (``data.source=files``);
-- :mod:`.generated`: the embedded number sentences (``data.source=generated``).
+Every source returns a :class:`datasets.DatasetDict` with text columns ``src`` and ``tgt``
+and (at least) the splits ``train``, ``validation`` and ``test``; nothing here tokenizes.
 """
 
 from __future__ import annotations
@@ -39,8 +34,7 @@ def load_corpus(config: DataConfig) -> datasets.DatasetDict:
     are concatenated, with a ``direction`` column (``"de-en"``) naming each row's.
 
     Raises:
-        FileNotFoundError, ValueError, ConnectionError: with the path or
-            value at fault and how to fix it.
+        FileNotFoundError, ValueError, ConnectionError: with the path or value and the fix.
     """
     if config.multilingual:
         return _load_directions(config)

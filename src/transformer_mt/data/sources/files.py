@@ -79,11 +79,8 @@ def _find(directory: Path, stem: str) -> Path | None:
 def direction_prefixes(
     directory: str | os.PathLike[str], prefixes: Mapping[str, str], src_lang: str, tgt_lang: str
 ) -> dict[str, str]:
-    """The file prefixes of one direction of several: ``{prefix}.{src}-{tgt}`` for each split
-    that has files of that name (``train.de-en.de`` + ``train.de-en.en``, or
-    ``train.de-en.tsv`` / ``.jsonl``: fairseq's layout, which lets each direction have a
-    corpus of its own size), else the split's shared prefix (``train.de`` + ``train.en``: the
-    Multi30k layout, one aligned file per language)."""
+    """The file prefixes of one direction of several: ``{prefix}.{src}-{tgt}`` where a split
+    has such files (fairseq's layout: a corpus per direction), else the shared prefix."""
     directory = Path(directory).expanduser()
     out = {}
     for split, prefix in prefixes.items():
@@ -160,12 +157,10 @@ def _rows_jsonl(path: str, src_lang: str, tgt_lang: str) -> Iterator[dict[str, s
 def _stream_to_arrow(
     rows: Any, gen_kwargs: dict[str, Any], paths: list[Path]
 ) -> datasets.Dataset | None:
-    """Write streamed rows to an Arrow file in the ``datasets`` cache, memory-mapped.
+    """Write streamed rows to a memory-mapped Arrow file in the ``datasets`` cache (one
+    writer batch in memory at a time); ``None`` when the files hold no rows.
 
-    Only one writer batch is in memory at a time, so a 4.5M-pair corpus never sits in
-    Python lists. ``from_generator`` caches by the generator and its arguments; the
-    files' sizes and modification times are among them, so an edited file is re-read.
-    Returns ``None`` when the files hold no rows.
+    The cache key holds the files' sizes and modification times, so an edited file is re-read.
     """
     stamp = repr([(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in paths])
     try:
@@ -236,18 +231,12 @@ def load_files_corpus(
     """Load local parallel text, one split per entry of ``prefixes``.
 
     Args:
-        directory: Directory holding the files (relative to the current
-            directory, which Hydra leaves at the project root).
-        src_lang: Source language code, the ``{lang}`` of parallel files.
-        tgt_lang: Target language code.
-        prefixes: Split name -> file prefix (``data.prefixes``); default Multi30k's
-            ``train`` / ``val`` / ``test_2016_flickr``.
+        prefixes: Split name -> file prefix (``data.prefixes``); default Multi30k's.
         file_format: ``"parallel"``, ``"tsv"``, ``"jsonl"`` or ``"auto"``.
 
     Raises:
         FileNotFoundError: the directory or a file is missing.
-        ValueError: misaligned line counts, undecodable bytes, bad rows, or
-            an empty split.
+        ValueError: misaligned line counts, undecodable bytes, bad rows, or an empty split.
     """
     directory = Path(directory).expanduser()
     if not directory.is_dir():

@@ -30,9 +30,8 @@ def generate_numbers_corpus(
 ) -> datasets.DatasetDict:
     """Sentences with numbers (``task="sentences"``) or bare number words (``"numbers"``).
 
-    Numbers are drawn without replacement from ``number_range`` (inclusive), so every split
-    holds different numbers: validation and test measure generalisation to unseen numbers,
-    not recall. Deterministic per ``seed``. The defaults are :class:`DataConfig`'s.
+    Numbers are drawn without replacement from ``number_range`` (inclusive), so validation
+    and test measure generalisation to unseen numbers. Deterministic per ``seed``.
 
     Raises:
         ValueError: the splits need more distinct numbers than the range has.

@@ -1,11 +1,8 @@
 """The ``hub`` source: a translation data set from the Hugging Face Hub.
 
-``datasets.load_dataset(hub_id, hub_config)``. Both row layouts are understood: flat language
-columns (``bentrevett/multi30k``: ``{"en": ..., "de": ...}``) and the nested ``translation``
-dict (``wmt14``, ``iwslt2017``). When the Hub cannot be reached we fail fast (a TCP probe, not
-``load_dataset``'s ~25 s of retries) with one message that shows how to read local files
-instead. Downloads go to the ``datasets`` cache (``HF_DATASETS_CACHE``), not
-``data.cache_dir``.
+Flat language columns (``bentrevett/multi30k``) and the nested ``translation`` dict (``wmt14``)
+are both understood. An unreachable Hub fails fast, with how to read local files instead.
+Downloads go to the ``datasets`` cache (``HF_DATASETS_CACHE``), not ``data.cache_dir``.
 """
 
 from __future__ import annotations
@@ -34,11 +31,8 @@ def _hub_offline() -> bool:
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
-    """Can we open a TCP connection to the Hub endpoint? (A few ms when offline.)
-
-    ``load_dataset`` retries for ~25 s before giving up; this probe fails in
-    milliseconds. Behind a proxy a direct connection says nothing, so assume yes.
-    """
+    """Can we open a TCP connection to the Hub endpoint? Fails fast where ``load_dataset``
+    retries; behind a proxy a direct connection says nothing, so assume yes."""
     if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
         return True
     endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
@@ -79,18 +73,13 @@ def load_hub_corpus(
     """Load a translation data set from the Hugging Face Hub.
 
     Args:
-        hub_id: Dataset id, e.g. ``"bentrevett/multi30k"`` or ``"wmt14"``.
-        hub_config: Config name, e.g. ``"de-en"``; ``None`` if it has none.
         src_lang: Source language; a column name or a key of ``translation``.
-        tgt_lang: Target language.
         splits: Our split name -> the Hub's split name.
         revision: Hub revision (branch, tag, commit or ``refs/convert/parquet``).
-        cache_dir: ``datasets`` cache directory (``None``: the HF default).
 
     Raises:
         ConnectionError: the Hub cannot be reached (one message, with the fix).
-        ValueError: the data set has neither the language columns nor
-            ``translation``, or lacks a split.
+        ValueError: neither the language columns nor ``translation``, or a missing split.
     """
     if not hub_id:
         raise ValueError("source=hub needs a data set id: set data.hub_id, e.g. wmt14.")
@@ -100,9 +89,7 @@ def load_hub_corpus(
     try:
         raw = datasets.load_dataset(hub_id, hub_config, revision=revision, cache_dir=cache_dir)
     except (ConnectionError, OSError) as err:
-        # ConnectionError covers OfflineModeIsEnabled and "Couldn't reach";
-        # requests' exceptions are OSErrors. FileNotFoundError (an OSError)
-        # means "not in the cache" when offline, "no such data set" online.
+        # FileNotFoundError means "not in the cache" offline, "no such data set" online.
         if isinstance(err, FileNotFoundError) and not _hub_offline():
             raise
         raise ConnectionError(_hub_unreachable_message(hub_id, str(err))) from None
