@@ -1,7 +1,7 @@
 """Dropout benchmark: forward+backward of ``torch.nn.functional.dropout`` vs ours
 (:mod:`transformer_mt.model.dropout`), alone and fused into the residual addition.
 
-A measurement behind a design choice (README "Design notes"), so it states no goals.
+A measurement behind a design choice (docs/design.md), so it states no goals.
 """
 
 from __future__ import annotations

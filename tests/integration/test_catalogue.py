@@ -1,4 +1,4 @@
-"""The error catalogue (docs/errors.md, "Outputs, inputs and engines"), driven as a user would.
+"""The error catalogue (docs/errors.md), driven as a user would.
 
 Each case runs an installed command (``transformer-mt-translate``, ``-export``, ``-evaluate``,
 ``-train``) as a subprocess on a tiny random checkpoint and asserts three things: the exit

@@ -7,7 +7,7 @@ end of epoch 0 and in epoch 1, and with runs stopped by a signal at a known step
 FaultInjection callback) and then resumed: the final weights must be equal, ``atol=0``.
 
 Runs use step/epoch budgets; a run with a wall-clock budget (``trainer.max_time``) cannot be
-bit-identical by nature (README, "Reliability").
+bit-identical by nature (docs/training.md).
 """
 
 from __future__ import annotations
