@@ -96,6 +96,12 @@ def test_errors_are_one_line(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureF
     assert "does not exist" in err and len(err.splitlines()) == 1
     assert main(["--ckpt", str(ckpt), "--beam-size", "0"]) == 2
     assert "beam_size must be >= 1, got 0; set --beam-size 1 (greedy)" in capsys.readouterr().err
+    # A deleted flag (the compiled decoding step) is refused by the parser, in one line.
+    with pytest.raises(SystemExit) as exited:
+        main(["--ckpt", str(ckpt), "--compile"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: unrecognized arguments: --compile; see transformer-mt-translate --help"
 
 
 def test_output_over_the_input_is_refused_and_the_input_kept(

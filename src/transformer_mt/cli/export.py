@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from transformer_mt.checkpoint import CheckpointError
-from transformer_mt.cli.options import user_error
+from transformer_mt.cli.options import OneLineParser, user_error
 from transformer_mt.errors import ExportError
 from transformer_mt.export.convert import (
     FORMATS,
@@ -29,7 +29,7 @@ from transformer_mt.export.directory import check_out_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="transformer-mt-export",
         description="Export a transformer-mt checkpoint as a Hugging Face model directory "
         "(AutoModelForSeq2SeqLM / pipeline), or as a CTranslate2 model for fast CPU decoding.",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from transformer_mt.checkpoint import load_model, resolve_device
 from transformer_mt.errors import EXIT_USER_ERROR, SettingError, one_line
@@ -22,6 +22,14 @@ ERRORS_FIX = "--errors replace"
 
 #: A setting's name in the library -> its flag here, where the two differ beyond ``_``/``-``.
 FLAG_NAMES = {"max_sentences": "--batch-size"}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose mistakes are one ``error:`` line (not the usage and a second line)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message}; see {self.prog} --help", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def flag(setting: str, value: Any) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from transformer_mt.checkpoint import CheckpointError
 from transformer_mt.cli.options import (
     ERRORS_FIX,
+    OneLineParser,
     add_errors_argument,
     add_model_arguments,
     configure_logging,
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="transformer-mt-score",
         description=(
             "Score given translations with a transformer-mt checkpoint (forced decoding): one "

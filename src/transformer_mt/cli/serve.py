@@ -16,9 +16,9 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import fields
-from typing import NoReturn
 
 from transformer_mt.cli.options import (
+    OneLineParser,
     add_engine_arguments,
     check_engine_flags,
     converter,
@@ -29,14 +29,6 @@ from transformer_mt.serve.limits import Limits
 
 #: The environment variable that holds the API key (kept out of ``ps``, unlike ``--api-key``).
 KEY_VARIABLE = "TRANSFORMER_MT_API_KEY"
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse whose mistakes are one ``error:`` line (not the usage and a second line)."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"error: {message}; see {self.prog} --help", file=sys.stderr)
-        raise SystemExit(2)
 
 
 def in_range(low: float, high: float, *, whole: bool = False) -> Callable[[str], float]:
@@ -56,7 +48,7 @@ def in_range(low: float, high: float, *, whole: bool = False) -> Callable[[str],
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="transformer-mt-serve",
         description=(
             "Serve a transformer-mt checkpoint over HTTP: POST /translate, POST /attention, "

@@ -24,6 +24,7 @@ from typing import BinaryIO, TextIO
 from transformer_mt.checkpoint import CheckpointError
 from transformer_mt.cli.options import (
     ERRORS_FIX,
+    OneLineParser,
     add_errors_argument,
     add_model_arguments,
     configure_logging,
@@ -63,7 +64,7 @@ def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="transformer-mt-translate",
         description=(
             "Translate text with a transformer-mt checkpoint: one output line per input line, "
