@@ -24,7 +24,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 __all__ = [
     "EXIT_INTERRUPTED",
@@ -240,10 +240,16 @@ def guarded(fn: F) -> F:
             code = exit_code_for(exc)
             if code is None:
                 raise
-            if debug():
-                traceback.print_exc()
-            sys.stdout.flush()
-            print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
-            sys.exit(code)
+            exit_with(f"error: {one_line(exc)}", code)
 
     return wrapper  # type: ignore[return-value]
+
+
+def exit_with(line: str, code: int) -> NoReturn:
+    """End the process with ``line`` on stderr and exit status ``code`` (the traceback of the
+    exception being handled first, when the user asked for tracebacks)."""
+    if debug():
+        traceback.print_exc()
+    sys.stdout.flush()
+    print(line, file=sys.stderr, flush=True)
+    sys.exit(code)

@@ -26,6 +26,7 @@ from transformer_mt.errors import (
     SettingError,
     debug,
     exit_code_for,
+    exit_with,
     guarded,
     one_line,
 )
@@ -155,11 +156,7 @@ def run_entry_point(main: Callable[[], Any]) -> None:
         code = exit_code_for(exc)
         if code is None or _Task.started:
             raise
-        if debug():
-            traceback.print_exc()
-        sys.stdout.flush()
-        print(f"error: {composition_error(exc)}", file=sys.stderr, flush=True)
-        sys.exit(code)
+        exit_with(f"error: {composition_error(exc)}", code)
 
 
 class _WithoutHydraJobLine:

@@ -70,7 +70,13 @@ def search_batch(
             lead="leave out the sampling options and search with e.g.",
         )  # fmt: skip
     if not constrained:
-        return _unconstrained(model, src, bos_id=bos_id, eos_id=eos_id, search=search, steer=steer)
+        if search.sampling:
+            fn = sample
+        elif search.beam_size == 1:
+            fn = greedy_search
+        else:
+            fn = beam_search
+        return fn(model, src, bos_id=bos_id, eos_id=eos_id, search=search, steer=steer)
     plain = [b for b in range(src.size(0)) if b not in set(constrained)]
     out: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
     for rows, beam_type in ((constrained, ConstrainedBeam), (plain, Beam)):
@@ -84,22 +90,3 @@ def search_batch(
         for row, hyps in zip(rows, found):
             out[row] = hyps
     return out
-
-
-def _unconstrained(
-    model: Transformer | Sequence[Transformer],
-    src: Tensor,
-    *,
-    bos_id: int,
-    eos_id: int,
-    search: SearchConfig,
-    steer: Steering,
-) -> list[list[Hypothesis]]:
-    steer = Steering(prefixes=steer.prefixes)
-    if search.sampling:
-        fn = sample
-    elif search.beam_size == 1:
-        fn = greedy_search
-    else:
-        fn = beam_search
-    return fn(model, src, bos_id=bos_id, eos_id=eos_id, search=search, steer=steer)
