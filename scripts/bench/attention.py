@@ -1,22 +1,18 @@
 """Attention benchmark: forward+backward time and saved-activation memory vs sequence length.
 
-Our ``MultiHeadAttention``, fused (``F.scaled_dot_product_attention`` at every length) and
-explicit (the paper's equation written out), and as training runs it (``ours``: the explicit
-math for short sentences on a CPU with several threads, the fused kernel otherwise; see
-``MultiHeadAttention._paper_math``), against ``torch.nn.MultiheadAttention``, at a fixed number
-of tokens per batch, plus the typical MT shape on its own with more repeats. Memory is the bytes
-autograd saves for backward (:class:`bench.common.SavedTensorBytes`).
+Our ``MultiHeadAttention``, fused (``F.scaled_dot_product_attention``, as fp32 training runs it)
+and explicit (the paper's equation written out), against ``torch.nn.MultiheadAttention``, at a
+fixed number of tokens per batch, plus the typical MT shape on its own with more repeats.
+Memory is the bytes autograd saves for backward (:class:`bench.common.SavedTensorBytes`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import torch
 from torch import Tensor, nn
@@ -30,7 +26,6 @@ from bench.common import (
     interleaved_times,
     median,
 )
-from transformer_mt.model import attention
 from transformer_mt.model.attention import MultiHeadAttention
 from transformer_mt.model.config import ModelConfig
 
@@ -81,25 +76,12 @@ def _attention_contenders(d_model: int, n_heads: int) -> dict[str, nn.Module]:
         return MultiHeadAttention(config.attention)
 
     return {
-        "ours": ours(fused=True),
         "ours_fused": ours(fused=True),
         "ours_explicit": ours(fused=False),
         "nn.MultiheadAttention": nn.MultiheadAttention(
             d_model, n_heads, dropout=0.0, batch_first=True
         ),
     }
-
-
-#: The contender that runs the fused kernel at every length, short sentences included.
-KERNEL_ONLY = "ours_fused"
-
-
-def _rule_for(name: str) -> Any:
-    """A context in which contender ``name`` runs: :data:`KERNEL_ONLY` with the short-sentence
-    rule switched off, every other as training runs it."""
-    if name == KERNEL_ONLY:
-        return mock.patch.object(attention, "EXPLICIT_BACKWARD_MAX_KEYS", 0)
-    return contextlib.nullcontext()
 
 
 def _attention_step(name: str, module: nn.Module, x: Tensor, grad: Tensor) -> Callable[[], None]:
@@ -110,11 +92,10 @@ def _attention_step(name: str, module: nn.Module, x: Tensor, grad: Tensor) -> Ca
         for p in module.parameters():
             p.grad = None
         x.grad = None
-        with _rule_for(name):  # the forward picks the path
-            if is_torch:
-                out = module(x, x, x, need_weights=False)[0]
-            else:
-                out = module(x)  # self-attention
+        if is_torch:
+            out = module(x, x, x, need_weights=False)[0]
+        else:
+            out = module(x)  # self-attention
         out.backward(grad)
 
     return step
@@ -123,7 +104,7 @@ def _attention_step(name: str, module: nn.Module, x: Tensor, grad: Tensor) -> Ca
 def _saved_bytes(name: str, module: nn.Module, x: Tensor) -> int:
     """Bytes autograd keeps for backward in one forward of contender ``name`` (parameters
     excluded)."""
-    with _rule_for(name), SavedTensorBytes(exclude=list(module.parameters())) as saved:
+    with SavedTensorBytes(exclude=list(module.parameters())) as saved:
         if isinstance(module, nn.MultiheadAttention):
             module(x, x, x, need_weights=False)
         else:
@@ -152,7 +133,6 @@ def _length_row(modules: dict[str, nn.Module], length: int, args: argparse.Names
     ref = row["nn.MultiheadAttention"]["median_ms"]
     row["fused_vs_torch_time"] = row["ours_fused"]["median_ms"] / ref
     row["explicit_vs_torch_time"] = row["ours_explicit"]["median_ms"] / ref
-    row["ours_vs_torch_time"] = row["ours"]["median_ms"] / ref
     return row
 
 
@@ -278,16 +258,16 @@ def _plot_attention(rows: list[dict[str, Any]], path: Path) -> Path:
 
 
 def tables(result: dict[str, Any]) -> list[Table]:
-    names = ("ours", "ours_fused", "ours_explicit", "nn.MultiheadAttention")
+    names = ("ours_fused", "ours_explicit", "nn.MultiheadAttention")
     header = ["L", "B"] + [f"{n} ms" for n in names]
-    header += ["ours/torch", "fused/torch", "explicit/torch"] + [f"{n} MiB" for n in names[1:]]
+    header += ["fused/torch", "explicit/torch"] + [f"{n} MiB" for n in names]
     rows = []
     for r in result["rows"]:
         row = [str(r["length"]), str(r["batch"])]
         row += [f"{r[n]['median_ms']:.2f}" for n in names]
-        ratios = ("ours_vs_torch_time", "fused_vs_torch_time", "explicit_vs_torch_time")
+        ratios = ("fused_vs_torch_time", "explicit_vs_torch_time")
         row += [f"{r[key]:.2f}x" for key in ratios]
-        row += [f"{r[n]['saved_bytes'] / 2**20:.1f}" for n in names[1:]]
+        row += [f"{r[n]['saved_bytes'] / 2**20:.1f}" for n in names]
         rows.append(row)
     s = result["settings"]
     title = (

@@ -145,8 +145,7 @@ def test_bf16_on_cpu_runs_the_explicit_math(monkeypatch: pytest.MonkeyPatch, hal
         return sdpa(q, *args, **kwargs)
 
     monkeypatch.setattr(attention.F, "scaled_dot_product_attention", counting)
-    # Longer than the short sentences that train explicitly in every precision (next test).
-    x = torch.randn(3, attention.EXPLICIT_BACKWARD_MAX_KEYS + 1, 32)
+    x = torch.randn(3, 12, 32)
     reference = mha(x, is_causal=True).detach()
     assert calls == [torch.float32]
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half):
@@ -159,55 +158,6 @@ def test_bf16_on_cpu_runs_the_explicit_math(monkeypatch: pytest.MonkeyPatch, hal
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=half):
         mha(x, is_causal=True)
     assert calls[-1] == (torch.bfloat16 if half else torch.float32)
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("cross", [False, True])
-def test_short_sentences_train_through_the_explicit_math_with_several_threads(
-    monkeypatch: pytest.MonkeyPatch, threads: int, cross: bool
-) -> None:
-    # With several threads the CPU flash kernel is slower than the explicit matmuls for short
-    # sentences in training; one thread, longer keys or inference keep the kernel. Both paths
-    # give the same outputs and gradients.
-    import transformer_mt.model.attention as attention
-
-    limit = attention.EXPLICIT_BACKWARD_MAX_KEYS
-    calls: list[int] = []
-    sdpa = attention.F.scaled_dot_product_attention
-
-    def counting(q: Tensor, k: Tensor, *args: object, **kwargs: object) -> Tensor:
-        calls.append(k.size(2))
-        return sdpa(q, k, *args, **kwargs)
-
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", counting)
-    monkeypatch.setattr(attention.torch, "get_num_threads", lambda: threads)
-    mha = _mha(16, 4, fused=True).train()
-    reference = _mha(16, 4, fused=False).train()
-    reference.load_state_dict(mha.state_dict())
-    for keys in (limit, limit + 1):
-        x = torch.randn(2, 5 if cross else keys, 16)
-        memory = torch.randn(2, keys, 16) if cross else None
-        mask = torch.ones(1, 1, 1, keys, dtype=torch.bool)
-        mask[..., -2:] = False
-        calls.clear()
-        out = mha(x, memory, mask=mask)
-        out.square().sum().backward()
-        explicit = threads > 1 and keys <= limit
-        assert calls == ([] if explicit else [keys])
-        expected = reference(x, memory, mask=mask)
-        expected.square().sum().backward()
-        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-        for ours, theirs in zip(mha.parameters(), reference.parameters()):
-            torch.testing.assert_close(ours.grad, theirs.grad, atol=1e-5, rtol=1e-5)
-            ours.grad, theirs.grad = None, None
-    # Inference (eval mode) keeps the fused kernel at any length, and so does a compiled
-    # model (the thread count would break its graph).
-    calls.clear()
-    with torch.no_grad():
-        mha.eval()(torch.randn(2, 5, 16))
-    monkeypatch.setattr(attention.torch.compiler, "is_compiling", lambda: True)
-    mha.train()(torch.randn(2, 5, 16)).sum().backward()
-    assert calls == [5, 5]
 
 
 def test_d_k_differs_from_d_v() -> None:

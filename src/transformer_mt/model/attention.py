@@ -39,12 +39,6 @@ from transformer_mt.model.config import AttentionConfig
 from transformer_mt.model.dropout import dropout
 from transformer_mt.model.kv_cache import KVCache
 
-#: Longest key sequence that training attends over with the explicit math on a CPU with several
-#: threads: on sentences this short the fused kernel gains nothing from a second thread, or
-#: loses, while the explicit matmuls use it, so the explicit math is the faster, most of all in
-#: the backward (docs/benchmarks.md).
-EXPLICIT_BACKWARD_MAX_KEYS = 48
-
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
     """Mask of the non-pad key positions, ``(B, 1, 1, S)``: True where a token may be attended."""
@@ -176,7 +170,7 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self._qkv(x, memory, cache)  # (B, H, T, d_k), (B, H, T_k, d_k / d_v)
         dropout_p = self.dropout if self.training else 0.0
         cross = memory is not None
-        if self._paper_math(q, k.size(2), dropout_p):
+        if self._paper_math(q, dropout_p):
             mask = _combine_masks(mask, q, k, is_causal=is_causal, cross=cross)
             out, _ = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # (B, H, T, d_v)
         else:
@@ -186,7 +180,7 @@ class MultiHeadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.d_v)  # (B, T, H * d_v)
         return self.out_proj(out)  # (B, T, d_model)
 
-    def _paper_math(self, q: Tensor, k_len: int, dropout_p: float) -> bool:
+    def _paper_math(self, q: Tensor, dropout_p: float) -> bool:
         """True where the explicit math of equation (1) runs, False for the fused kernel.
 
         The explicit path runs when ``fused`` is off, and on CPU also where it is the faster
@@ -197,25 +191,14 @@ class MultiHeadAttention(nn.Module):
         queries that autograd will differentiate (bf16 autocast in training): the CPU flash
         kernel's bf16 backward is many times slower than its fp32 one, while the explicit
         matmuls run on the bf16 units (AMX). Without a backward the fused kernel stays: its
-        bf16 forward keeps up with the explicit math's. In any precision, training over short
-        sentences (at most :data:`EXPLICIT_BACKWARD_MAX_KEYS` keys) with more than one thread
-        also runs explicitly: there the kernel gains nothing from the threads while the
-        explicit matmuls do.
+        bf16 forward keeps up with the explicit math's.
         """
         if not self.fused:
             return True
         if q.device.type != "cpu":
             return False
         half = q.dtype in (torch.bfloat16, torch.float16)
-        # Under torch.compile the thread count is no constant of the graph (asking for it
-        # breaks the graph), so compiled training keeps the kernel, as it did before the rule.
-        short = (
-            self.training
-            and k_len <= EXPLICIT_BACKWARD_MAX_KEYS
-            and not torch.compiler.is_compiling()
-            and torch.get_num_threads() > 1
-        )
-        return dropout_p > 0.0 or q.size(2) == 1 or (q.requires_grad and (half or short))
+        return dropout_p > 0.0 or q.size(2) == 1 or (q.requires_grad and half)
 
     def compute_weights(
         self,
