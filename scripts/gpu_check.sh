@@ -101,7 +101,7 @@ start=$SECONDS
 "$PYTHON" - "$DEVICE" "${QUICK[@]}" >"$OUT_DIR/decode.log" 2>&1 <<'EOF'
 import sys, time
 import torch
-from transformer_mt.inference.search import SearchConfig, generate
+from transformer_mt.inference.search import SearchConfig, search_batch
 from transformer_mt.model.transformer import ModelConfig, Transformer
 
 device = torch.device("cuda" if sys.argv[1] == "gpu" else "cpu")
@@ -117,12 +117,12 @@ parts = []
 for beam in (1, 5):
     search = SearchConfig(beam_size=beam, max_len_a=0.0, max_len_b=length)
     with torch.inference_mode():
-        generate(model, src, bos_id=1, eos_id=2, search=search)  # warm-up
+        search_batch(model, src, bos_id=1, eos_id=2, search=search)  # warm-up
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
         for _ in range(3):
-            generate(model, src, bos_id=1, eos_id=2, search=search)
+            search_batch(model, src, bos_id=1, eos_id=2, search=search)
         if device.type == "cuda":
             torch.cuda.synchronize()
     parts.append(f"beam {beam}: {3 * batch / (time.perf_counter() - start):,.0f} sent/s")
