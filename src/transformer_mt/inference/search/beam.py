@@ -37,11 +37,11 @@ class Beam:
     """
 
     def __init__(
-        self, src: Tensor, *, bos_id: int, forced: Sequence[int], search: SearchConfig,
-        steer: Steering,
+        self, src: Tensor, *, bos_id: int, eos_id: int, forced: Sequence[int],
+        search: SearchConfig, steer: Steering,
     ) -> None:  # fmt: skip
         B, device, K = src.size(0), src.device, search.beam_size
-        self.K, self.device = K, device
+        self.K, self.device, self.eos_id, self.search = K, device, eos_id, search
         #: per sentence: forced prefix tokens, left out of the length normalisation
         self.forced = list(forced)
         self.prefix = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)
@@ -52,7 +52,7 @@ class Beam:
         #: per sentence: (ranking score, ids with eos)
         self.finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
 
-    def extend(self, lprobs: Tensor, at_cap: Tensor, eos_id: int, search: SearchConfig) -> Tensor:
+    def extend(self, lprobs: Tensor, at_cap: Tensor) -> Tensor:
         """Score all ``K x V`` extensions; set finished ones aside; keep the best K live.
 
         Takes the best ``2K`` candidates (fairseq's trick): those ending in eos among the first
@@ -61,7 +61,7 @@ class Beam:
         Returns:
             The rows ``(n*K,)`` of the previous prefixes that the new beams extend.
         """
-        n, K, V = self.alive.numel(), self.K, lprobs.size(-1)
+        n, K, V, eos_id = self.alive.numel(), self.K, lprobs.size(-1), self.eos_id
         candidates = (self.scores.view(n * K, 1) + lprobs).view(n, K * V)  # (n, K * V)
         top_scores, top_index = candidates.topk(2 * K, dim=1)  # (n, 2K)
         top_beam, top_token = top_index // V, top_index % V  # (n, 2K)
@@ -71,7 +71,7 @@ class Beam:
             b = int(self.alive[i])
             if len(self.finished[b]) < K:
                 hyp = [*self.prefix[i * K + int(top_beam[i, j]), 1:].tolist(), eos_id]
-                score = float(top_scores[i, j]) / divisor(length - self.forced[b], search)
+                score = float(top_scores[i, j]) / divisor(length - self.forced[b], self.search)
                 self.finished[b].append((score, hyp))
         live_scores = top_scores.masked_fill(top_token == eos_id, -math.inf)  # (n, 2K)
         self.scores, pick = live_scores.topk(K, dim=1)  # (n, K)
@@ -96,7 +96,7 @@ class Beam:
         )
         return rows
 
-    def results(self, search: SearchConfig, eos_id: int) -> list[list[Hypothesis]]:
+    def results(self) -> list[list[Hypothesis]]:
         """The ``nbest`` best hypotheses per sentence, best first.
 
         Sentences that stopped without K finished hypotheses add their live beams.
@@ -107,13 +107,13 @@ class Beam:
                     total = float(self.scores[i, k])
                     if math.isfinite(total):
                         hyp = self.prefix[i * self.K + k, 1:].tolist()
-                        norm = divisor(len(hyp) - self.forced[b], search)
+                        norm = divisor(len(hyp) - self.forced[b], self.search)
                         self.finished[b].append((total / norm, hyp))
         out = []
         for hyps in self.finished:
             # sorted() is stable: ties keep their order.
-            ranked = sorted(hyps, key=lambda h: -h[0])[: search.nbest]
-            out.append([Hypothesis(strip_eos(h, eos_id), s) for s, h in ranked])
+            ranked = sorted(hyps, key=lambda h: -h[0])[: self.search.nbest]
+            out.append([Hypothesis(strip_eos(h, self.eos_id), s) for s, h in ranked])
         return out
 
 
@@ -159,7 +159,9 @@ def beam_search(
     # Sentence-major copies: row b * K + k is beam k of sentence b.
     decoding.select(torch.arange(src.size(0), device=src.device).repeat_interleave(K))
     forcing = PrefixForcing(steer.prefixes, src.size(0), src.device)
-    beam = beam_type(src, bos_id=bos_id, forced=forcing.lengths, search=search, steer=steer)
+    beam = beam_type(
+        src, bos_id=bos_id, eos_id=eos_id, forced=forcing.lengths, search=search, steer=steer
+    )
     for step in range(int(max_lens.max())):
         check_stop()
         lprobs = decoding.log_probs(beam.prefix, step)  # (n*K, V)
@@ -167,10 +169,10 @@ def beam_search(
         forcing.apply(lprobs, beam.alive.repeat_interleave(K), step)
         at_cap = step + 1 >= max_lens[beam.alive]  # (n,)
         cap_to_eos(lprobs, at_cap.repeat_interleave(K), eos_id)
-        decoding.reorder_beams(beam.extend(lprobs, at_cap, eos_id, search))
+        decoding.reorder_beams(beam.extend(lprobs, at_cap))
         done = beam.done(at_cap)
         if bool(done.all()):
             break
         if bool(done.any()):
             decoding.select(beam.keep((~done).nonzero().squeeze(1)))
-    return beam.results(search, eos_id)
+    return beam.results()

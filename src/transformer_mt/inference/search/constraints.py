@@ -130,18 +130,20 @@ class ConstrainedBeam(Beam):
     """
 
     def __init__(
-        self, src: Tensor, *, bos_id: int, forced: Sequence[int], search: SearchConfig,
-        steer: Steering,
+        self, src: Tensor, *, bos_id: int, eos_id: int, forced: Sequence[int],
+        search: SearchConfig, steer: Steering,
     ) -> None:  # fmt: skip
-        super().__init__(src, bos_id=bos_id, forced=forced, search=search, steer=steer)
-        K, self.search = self.K, search
+        super().__init__(
+            src, bos_id=bos_id, eos_id=eos_id, forced=forced, search=search, steer=steer
+        )
+        K = self.K
         phrases = [tuple(tuple(p) for p in c) for c in steer.constraints or ()]
         self.states = [ConstraintState(phrases[b]) for b in range(src.size(0)) for _ in range(K)]
         #: per sentence: hypotheses that ended at the cap without every phrase
         self.fallback: list[list[tuple[float, list[int]]]] = [[] for _ in range(src.size(0))]
 
-    def extend(self, lprobs: Tensor, at_cap: Tensor, eos_id: int, search: SearchConfig) -> Tensor:
-        n, K, capped = self.alive.numel(), self.K, at_cap.tolist()
+    def extend(self, lprobs: Tensor, at_cap: Tensor) -> Tensor:
+        n, K, capped, eos_id = self.alive.numel(), self.K, at_cap.tolist(), self.eos_id
         open_rows = [r for r, s in enumerate(self.states) if not s.finished and not capped[r // K]]
         if open_rows:
             lprobs[open_rows, eos_id] = -math.inf
@@ -155,7 +157,7 @@ class ConstrainedBeam(Beam):
             for score, k, token in ranked:
                 if token == eos_id:
                     hyp = [*self.prefix[i * K + k, 1:].tolist(), eos_id]
-                    entry = (score / divisor(length - self.forced[b], search), hyp)
+                    entry = (score / divisor(length - self.forced[b], self.search), hyp)
                     done = self.states[i * K + k].finished
                     _keep_best(self.finished[b] if done else self.fallback[b], entry, K)
             live = [
@@ -220,8 +222,8 @@ class ConstrainedBeam(Beam):
         self.states = [self.states[r] for r in rows.tolist()]
         return rows
 
-    def results(self, search: SearchConfig, eos_id: int) -> list[list[Hypothesis]]:
-        """As :meth:`_Beam.results`, from the hypotheses with every phrase; a sentence with
+    def results(self) -> list[list[Hypothesis]]:
+        """As :meth:`Beam.results`, from the hypotheses with every phrase; a sentence with
         none falls back to its best ones without (and a warning says how many)."""
         K = self.K
         for i, b in enumerate(self.alive.tolist()):
@@ -229,7 +231,7 @@ class ConstrainedBeam(Beam):
                 total, state = float(self.scores[i, k]), self.states[i * K + k]
                 if math.isfinite(total) and len(self.finished[b]) < K:
                     hyp = self.prefix[i * K + k, 1:].tolist()
-                    entry = (total / divisor(len(hyp) - self.forced[b], search), hyp)
+                    entry = (total / divisor(len(hyp) - self.forced[b], self.search), hyp)
                     (self.finished[b] if state.finished else self.fallback[b]).append(entry)
         unsatisfied = 0
         for b, hyps in enumerate(self.finished):
@@ -243,7 +245,7 @@ class ConstrainedBeam(Beam):
                 len(self.finished),
             )  # fmt: skip
         self.alive = self.alive[:0]  # the live beams are in `finished` now
-        return super().results(search, eos_id)
+        return super().results()
 
 
 def _keep_best(hyps: list[tuple[float, list[int]]], entry: tuple[float, list[int]], K: int) -> None:
