@@ -49,8 +49,7 @@ def environment() -> dict[str, Any]:
     return {
         **machine(),  # CPU model, family, units, cores, threads, load, versions: as runs record
         "inter_op_threads": torch.get_num_interop_threads(),
-        # scripts/benchmark.py keeps freed memory in the heap at start-up, as train.py does.
-        "malloc": "as the environment sets it" if allocator.user_chose() else "kept in the heap",
+        "malloc": _malloc(),
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "ONEDNN_PRIMITIVE_CACHE_CAPACITY": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"),
@@ -410,3 +409,11 @@ def generate(model: nn.Module, src: Tensor, *, bos_id: int, eos_id: int, search:
     for b, ids in enumerate(best):
         out[b, : len(ids)] = torch.tensor(ids)
     return out.to(src.device)
+
+
+def _malloc() -> str:
+    """What malloc does with freed memory here: scripts/benchmark.py keeps it in the heap at
+    start-up, as train.py does, where glibc runs and the environment does not say otherwise."""
+    if allocator.user_chose():
+        return "as the environment sets it"
+    return "kept in the heap" if allocator.glibc() is not None else "the C library's default"
