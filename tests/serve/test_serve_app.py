@@ -158,6 +158,19 @@ BAD_REQUESTS = {
     "negative penalty": (b'{"text": ["a"], "length_penalty": -1}', 422, "length_penalty"),
     "unknown option": (b'{"text": ["a"], "beam": 2}', 422, "unknown option 'beam'"),
     "a path": (b'{"text": ["a"], "ckpt": "/etc/passwd"}', 422, "unknown option 'ckpt'"),
+    # Valid JSON that is no text: a lone surrogate, in every field the service tokenizes.
+    "a lone surrogate": (b'{"text": ["a \\ud800"]}', 422, "text.0: holds a lone UTF-16"),
+    "a lone surrogate in a prefix": (
+        b'{"text": ["a"], "prefix": ["\\udfff"]}', 422, "prefix.0: holds a lone UTF-16",
+    ),
+    "a lone surrogate in a constraint": (
+        b'{"text": ["a"], "beam_size": 2, "constraints": [["x\\ud800"]]}',
+        422,
+        "constraints.0.0: holds a lone UTF-16",
+    ),
+    "a lone surrogate as tgt_lang": (
+        b'{"text": ["a"], "tgt_lang": "\\ud800"}', 422, "tgt_lang: holds a lone UTF-16",
+    ),
 }
 
 
@@ -171,6 +184,15 @@ def test_bad_requests_are_one_json_line_and_the_service_goes_on(client: Any, cas
     assert response.text.count("\n") == 0
     again = client.post("/translate", json={"text": [LINES[0]]})
     assert again.status_code == 200 and len(again.json()["translations"]) == 1
+
+
+@pytest.mark.parametrize("field", ["text", "translation"])
+def test_attention_refuses_a_lone_surrogate(client: Any, field: str) -> None:
+    body = {"text": "one", "translation": "eins"} | {field: "zwei \ud800"}
+    headers = {"Content-Type": "application/json"}
+    response = client.post("/attention", content=json.dumps(body), headers=headers)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"].startswith(f"{field}: holds a lone UTF-16 surrogate")
 
 
 def test_unknown_route_and_method_are_json_errors(client: Any) -> None:

@@ -7,10 +7,28 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def _encodable(text: str) -> str:
+    """``text`` unchanged, unless it holds a lone UTF-16 surrogate (``"\\ud800"`` is valid
+    JSON but no character): the tokenizer cannot take it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(
+            f"holds a lone UTF-16 surrogate ({text[err.start]!a}) at character {err.start}, "
+            "which is no character; send the text as UTF-8 (a surrogate pair spells one "
+            "character)"
+        ) from None
+    return text
+
+
+#: Text the service tokenizes: any string that is made of characters.
+Text = Annotated[str, AfterValidator(_encodable)]
 
 
 class DecodingFields(BaseModel):
@@ -36,7 +54,7 @@ class DecodingFields(BaseModel):
     seed: int | None = Field(
         None, description="sampling seed: the same seed and sentence give the same samples"
     )
-    tgt_lang: str | None = Field(
+    tgt_lang: Text | None = Field(
         None,
         description="the language to translate into, for a multilingual model (default: the "
         "service's --tgt-lang); GET /model lists target_languages",
@@ -48,17 +66,17 @@ SAMPLING_FIELDS = ("sampling_topk", "sampling_topp", "temperature", "seed")
 
 
 class TranslateRequest(DecodingFields):
-    text: list[str] = Field(description="the sentences to translate, one per item")
+    text: list[Text] = Field(description="the sentences to translate, one per item")
     nbest: int | None = Field(
         None,
         description="also return the n best hypotheses of each sentence (<= beam_size; with "
         "sampling, the samples drawn per sentence)",
     )
-    prefix: list[str] | None = Field(
+    prefix: list[Text] | None = Field(
         None,
         description='one target prefix per text item ("" for none): each output starts with it',
     )
-    constraints: list[list[str]] | None = Field(
+    constraints: list[list[Text]] | None = Field(
         None,
         description="target phrases per text item ([] for none) that each output contains "
         "(beam search, torch engine)",
@@ -69,8 +87,8 @@ class TranslateRequest(DecodingFields):
 
 
 class AttentionRequest(DecodingFields):
-    text: str = Field(description="one source sentence")
-    translation: str | None = Field(
+    text: Text = Field(description="one source sentence")
+    translation: Text | None = Field(
         None, description="the output to attend over (default: the model's translation)"
     )
 
@@ -91,7 +109,8 @@ def validation_message(exc: RequestValidationError, known: Iterable[str]) -> tup
     if kind == "missing" and where:
         return 422, f'{".".join(where)} is missing; send a JSON object such as {{"text": ["..."]}}'
     place = ".".join(where) or "body"
-    return 422, f"{place}: {first.get('msg', 'invalid value')}; see /docs for the request schema"
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    return 422, f"{place}: {message}; see /docs for the request schema"
 
 
 def spell(setting: str, value: Any) -> str:
