@@ -18,7 +18,8 @@ import torch
 
 from transformer_mt.errors import EXIT_USER_ERROR, guarded
 from transformer_mt.training.run import run
-from transformer_mt.training.rundir import check_output_dir
+from transformer_mt.errors import UserError
+from transformer_mt.training.rundir import check_not_another_run, check_output_dir
 
 from conftest import (
     FILES_TRAIN,
@@ -48,6 +49,49 @@ def test_unwritable_hydra_run_dir_is_one_line(tmp_path: Path) -> None:
     line = error_line(result.stderr)
     assert f"cannot write to the run directory {target}/run: Not a directory" in line
     assert "hydra.run.dir=PATH" in line
+
+
+def _another_run(run_dir: Path) -> dict[str, bytes]:
+    """A finished run's files (what Hydra and the checkpoint callback leave), by path."""
+    files = {
+        ".hydra/config.yaml": b"model: {}\n",
+        ".hydra/hydra.yaml": b"hydra: {}\n",
+        ".hydra/overrides.yaml": b"[]\n",
+        "train.log": b"[info] a line of the other run\n",
+        "checkpoints/last.ckpt": b"not read",
+    }
+    for name, data in files.items():
+        (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / name).write_bytes(data)
+    return files
+
+
+def test_a_run_dir_of_another_run_is_refused_before_hydra_writes_into_it(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    files = _another_run(other)
+    mine = tmp_path / "mine.ckpt"
+    mine.write_bytes(b"a checkpoint of another run")
+    result = train_py([*FILES_TRAIN, "data.dir=x", f"ckpt_path={mine}"], other)
+    assert result.returncode == EXIT_USER_ERROR, result.stderr[-3000:]
+    line = error_line(result.stderr)
+    assert f"hydra.run.dir={other} holds the checkpoints of another run" in line
+    assert f"ckpt_path={other}/checkpoints/last.ckpt" in line
+    found = {str(p.relative_to(other)) for p in other.rglob("*") if p.is_file()}
+    assert found == set(files)
+    assert all((other / name).read_bytes() == data for name, data in files.items())
+
+
+def test_a_run_dir_is_taken_when_empty_or_when_resuming_its_own_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    check_not_another_run(run_dir, None)  # not there yet
+    (run_dir / "checkpoints").mkdir(parents=True)
+    check_not_another_run(run_dir, None)  # a run that saved nothing
+    _another_run(run_dir)
+    for own in (run_dir / "checkpoints" / "last.ckpt", "last"):
+        check_not_another_run(run_dir, own)
+    for stranger in (None, tmp_path / "elsewhere.ckpt"):
+        with pytest.raises(UserError, match="holds the checkpoints of another run"):
+            check_not_another_run(run_dir, stranger)
 
 
 @pytest.fixture

@@ -132,6 +132,24 @@ def claim_run_dir(run_dir: Path) -> bool:
     return lock_run_dir(run_dir)
 
 
+def check_not_another_run(run_dir: Path, ckpt_path: Any) -> None:
+    """Refuse a directory that holds another run's checkpoints, unless this run resumes that
+    one (``ckpt_path`` inside it, or Lightning's ``last``/``hpc``): Hydra would rewrite its
+    ``.hydra/`` files and its log before any later check."""
+    if not any((run_dir / "checkpoints").glob("*.ckpt")):
+        return  # new, empty, or left by a run that saved nothing
+    if ckpt_path and (
+        str(ckpt_path) in ("last", "hpc")
+        or run_dir.resolve() in Path(str(ckpt_path)).resolve().parents
+    ):
+        return
+    raise UserError(
+        f"hydra.run.dir={run_dir} holds the checkpoints of another run; resume that run with "
+        f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}, or leave hydra.run.dir out (a new "
+        "directory) or name one that holds no run"
+    )
+
+
 class RunDirGuard(Callback):
     """Hydra callback: check and lock ``hydra.run.dir`` before Hydra writes into it."""
 
@@ -140,6 +158,7 @@ class RunDirGuard(Callback):
 
         run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute()
         try:
+            check_not_another_run(run_dir, OmegaConf.select(config, "ckpt_path"))
             claim_run_dir(run_dir)
         except (OSError, UserError) as exc:
             # Hydra prints a traceback for anything raised here; say it in one line instead.
