@@ -106,7 +106,7 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
                 "run code when loaded; it was not written by train.py. Use a checkpoint from "
                 "train.py or scripts/average_checkpoints.py"
             ) from None
-        raise _not_a_checkpoint(path, err) from None
+        raise _not_a_checkpoint(path) from None
     except RuntimeError as err:
         if "zip archive" in str(err) or "central directory" in str(err):
             raise CheckpointError(
@@ -114,11 +114,11 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
                 "probably not completely written or copied: copy it again or use another "
                 "checkpoint of the run (e.g. last.ckpt)"
             ) from None
-        raise _not_a_checkpoint(path, err) from None
+        raise _not_a_checkpoint(path) from None
     except EOFError:
         raise CheckpointError(f"checkpoint {path} is empty or truncated; copy it again") from None
-    except Exception as err:  # any other unpickling failure: not a torch file at all
-        raise _not_a_checkpoint(path, err) from None
+    except Exception:  # any other unpickling failure: not a torch file at all
+        raise _not_a_checkpoint(path) from None
     _check_zip_integrity(path)
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(
@@ -148,10 +148,12 @@ def _first_line(err: BaseException) -> str:
     return text[0] if text else type(err).__name__
 
 
-def _not_a_checkpoint(path: Path, err: BaseException) -> CheckpointError:
+def _not_a_checkpoint(path: Path) -> CheckpointError:
+    # The unpickler's own words (an IndexError, a note about torch versions) describe its
+    # internals, not the file.
     return CheckpointError(
-        f"{path} is not a PyTorch checkpoint ({type(err).__name__}: {_first_line(err)[:120]}); "
-        "pass a .ckpt file written by train.py"
+        f"{path} is not a PyTorch checkpoint (torch.load cannot read it as one); pass a .ckpt "
+        "file written by train.py"
     )
 
 
@@ -330,4 +332,10 @@ def resolve_device(device: str | None) -> str:
         raise SettingError(
             f"device {device} needs CUDA, which is not available", [("device", "cpu")], lead="use"
         )
+    try:  # a device type torch does not know, or has no backend for here
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError):
+        raise SettingError(
+            f"device {device} is not a device this torch can use", [("device", "cpu")], lead="use"
+        ) from None
     return str(device)

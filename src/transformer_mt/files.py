@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -48,8 +49,11 @@ def atomic_write(
     target = Path(path)
     if target.exists() and not target.is_file() and not target.is_dir():
         # A device or a pipe (/dev/stdout, a FIFO): nothing to rename over.
-        with open(target, mode, **open_kwargs) as handle:
-            yield handle
+        try:
+            with open(target, mode, **open_kwargs) as handle:
+                yield handle
+        except OSError as err:
+            raise _naming(err, path) from None
         return
     if target.is_symlink():
         # Replace the file the link names; the link itself is the user's and stays.
@@ -62,10 +66,22 @@ def atomic_write(
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise _naming(err, path, tmp) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_directory(target.parent)
+
+
+def _naming(err: OSError, path: str | os.PathLike[str], tmp: Path | None = None) -> OSError:
+    """``err`` naming the file the user asked for: a full disk on a write names no file, and a
+    failed rename names the hidden temporary file (another file named stays)."""
+    named = err.filename is not None and (tmp is None or Path(err.filename) != tmp)
+    if err.errno is None or named:
+        return err
+    return OSError(err.errno, err.strerror, str(path))
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
@@ -257,17 +273,25 @@ def check_output_file(path: str | os.PathLike[str], what: str) -> None:
 
 
 def check_output_parent(path: str | os.PathLike[str], what: str) -> None:
-    """Refuse an output path below a regular file (no directory can be created there).
+    """Refuse, before any work, an output path below a regular file or in a directory that
+    takes no new file (``/proc``, read-only, no permission): a file is made and removed there.
 
     Raises:
-        NotADirectoryError: one line with the path, the file in the way and the fix.
+        NotADirectoryError, OSError: one line with the path, the cause and the fix.
     """
     file = Path(path)
-    for parent in file.absolute().parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise NotADirectoryError(
-                    f"{what} {file} lies below {parent}, which is a file, not a directory; "
-                    "choose another path"
-                )
-            break
+    parent = next(p for p in file.absolute().parents if p.exists())
+    if not parent.is_dir():
+        raise NotADirectoryError(
+            f"{what} {file} lies below {parent}, which is a file, not a directory; "
+            "choose another path"
+        )
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".probe.", dir=parent)
+    except OSError as err:
+        raise OSError(
+            f"{what} {file} cannot be written: {parent} takes no new file "
+            f"({err.strerror or err}); choose another path"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)

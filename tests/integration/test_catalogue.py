@@ -299,6 +299,42 @@ def test_translate_refuses_a_ct2_model_of_another_checkpoint(sandbox: Sandbox) -
     )
 
 
+#: case -> (the command, given the sandbox; what its one error line says). Each is refused
+#: before any work that the check does not need, naming the input the user gave.
+REFUSALS = {
+    "an unknown device": (
+        lambda b: translate(b, "-i", str(b.root / "in.en"), "--device", "tpu"),
+        ["device tpu is not a device this torch can use; use --device cpu"],
+    ),
+    "a text file as the checkpoint": (
+        lambda b: [*translate(b, "-i", str(b.root / "in.en"))[:1], "--ckpt", str(b.root / "afile")],
+        ["afile is not a PyTorch checkpoint (torch.load cannot read it as one)"],
+    ),
+    "a full device as the output": (
+        lambda b: translate(b, "-i", str(b.root / "in.en"), "-o", "/dev/full"),
+        ["cannot use /dev/full: No space left on device"],
+    ),
+    "a directory as the scores' output": (
+        lambda b: [
+            "transformer-mt-score", "--ckpt", str(b.ckpt), "--source", str(b.root / "in.en"),
+            "--target", str(b.root / "ref.de"), "-o", str(b.root / "mine"),
+        ],
+        ["--output", "mine is a directory; give a file path"],
+    ),
+    "an export into /proc": (
+        lambda b: ["transformer-mt-export", "--ckpt", str(b.ckpt), "--out", "/proc/foo"],
+        ["--out /proc/foo cannot be written: /proc takes no new file"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_refused_at_once_naming_the_input(sandbox: Sandbox, case: str) -> None:
+    command, parts = REFUSALS[case]
+    line = expect(sandbox, command(sandbox), *parts)
+    assert ".tmp" not in line and ".partial" not in line and "Error:" not in line
+
+
 # ----------------------------------------------------------------------------- evaluate
 
 

@@ -28,7 +28,12 @@ from transformer_mt.cli.options import (
     open_translator,
     user_error,
 )
-from transformer_mt.files import read_text_lines, write_text_atomic
+from transformer_mt.files import (
+    check_output_file,
+    check_outputs_apart,
+    read_text_lines,
+    write_text_atomic,
+)
 from transformer_mt.inference.score import format_score, score_pairs
 
 log = logging.getLogger(__name__)
@@ -93,12 +98,10 @@ def read_pairs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 
 def _check_output(args: argparse.Namespace) -> None:
-    if args.output == "-":
-        return
-    out = Path(args.output).resolve()
-    for name in (args.input, args.source, args.target, *args.ckpt):
-        if name and name != "-" and Path(name).resolve() == out:
-            raise ValueError(f"--output {args.output} is also an input; write elsewhere")
+    """Refuse, before any work, an ``--output`` that is an input or cannot be written."""
+    inputs = [args.input, args.source, args.target, *args.ckpt]
+    check_outputs_apart([("--output", args.output)], [("input", name) for name in inputs])
+    check_output_file(args.output, "--output")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
