@@ -49,6 +49,22 @@ def test_instantiation_errors_are_unwrapped() -> None:
         assert one_line(outer) == "max_tokens=10 is too small; raise data.max_tokens"
 
 
+def test_a_trainer_setting_lightning_refuses_is_a_user_error() -> None:
+    """trainer.* keys are Lightning's: its MisconfigurationException, raised while Hydra
+    instantiates the Trainer, is the user's one line."""
+    from hydra.errors import InstantiationException
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    try:
+        try:
+            raise MisconfigurationException("`gradient_clip_algorithm` banana is invalid.")
+        except MisconfigurationException as inner:
+            raise InstantiationException("Error in call to target 'Trainer'") from inner
+    except InstantiationException as outer:
+        assert exit_code_for(outer) == EXIT_USER_ERROR
+        assert one_line(outer) == "`gradient_clip_algorithm` banana is invalid."
+
+
 def test_bugs_keep_their_traceback() -> None:
     @guarded
     def buggy() -> None:

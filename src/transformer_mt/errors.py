@@ -136,8 +136,12 @@ def debug() -> bool:
 
 
 def _config_error(exc: BaseException) -> bool:
-    """An error of Hydra or OmegaConf (a config that cannot work), known by its package."""
-    return any(c.__module__.partition(".")[0] in ("hydra", "omegaconf") for c in type(exc).__mro__)
+    """An error of Hydra or OmegaConf (a config that cannot work), known by its package, or
+    Lightning's refusal of a Trainer setting (its MisconfigurationException)."""
+    packages = {c.__module__.partition(".")[0] for c in type(exc).__mro__}
+    return bool(packages & {"hydra", "omegaconf"}) or (
+        "lightning" in packages and type(exc).__name__ == "MisconfigurationException"
+    )
 
 
 def _instantiation(exc: BaseException) -> bool:

@@ -21,6 +21,7 @@ from transformer_mt.training.run import run
 from conftest import (
     FAST_TRAIN,
     FILES_TRAIN,
+    FIXTURES,
     compose_train,
     error_line,
     regular_file,
@@ -114,6 +115,23 @@ CASES = {
         lambda t: [*_corpus(t), f"ckpt_path={regular_file(t)}"],
         ["a_file"],
     ),
+    # What the config alone decides is refused before the data (data.dir=/nope) is looked at.
+    "model_shape_before_data": (
+        lambda t: ["data.dir=/nope", "model.d_model=30", "model.n_heads=4"],
+        ["model.d_model=30 is not divisible by model.n_heads=4"],
+    ),
+    "max_time_not_a_duration": (
+        lambda t: ["data.dir=/nope", "trainer.max_time=banana"],
+        ["trainer.max_time='banana' is not a duration", "DD:HH:MM:SS"],
+    ),
+    "precision_unknown": (
+        lambda t: ["data.dir=/nope", "trainer.precision=banana"],
+        ["trainer.precision=banana is not a precision", "auto", "bf16-mixed"],
+    ),
+    "ema_run_resumed_without_ema": (
+        lambda t: [*_corpus(t), f"ckpt_path={_ema_checkpoint(t)}"],
+        ["without its weight average", "add callbacks=ema"],
+    ),
 }
 
 
@@ -141,6 +159,17 @@ def _foreign_checkpoint(tmp: Path) -> Path:
     """A Lightning-shaped checkpoint from another project."""
     path = tmp / "foreign.ckpt"
     torch.save({"state_dict": {"layer.weight": torch.zeros(2, 2)}, "global_step": 3}, path)
+    return path
+
+
+def _ema_checkpoint(tmp: Path) -> Path:
+    """A resumable checkpoint of a run that averaged its weights (callbacks=ema): the average
+    as its weights, the raw weights beside them."""
+    checkpoint = torch.load(FIXTURES / "format_v1" / "model.ckpt", weights_only=True)
+    checkpoint["optimizer_states"] = [{}]
+    checkpoint["current_model_state"] = dict(checkpoint["state_dict"])
+    path = tmp / "ema.ckpt"
+    torch.save(checkpoint, path)
     return path
 
 

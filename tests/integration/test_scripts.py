@@ -69,7 +69,7 @@ def test_an_average_cannot_resume_and_its_suggested_fix_trains(
     out = tmp_path / "avg.ckpt"
     assert script("average_checkpoints").main([str(run_dir), "--last", "2", "-o", str(out)]) == 0
     with pytest.raises(UserError, match=f"init_from={out} instead of ckpt_path="):
-        check_resume_checkpoint(out)
+        check_resume_checkpoint(out, {})
     corpus = write_corpus(tmp_path / "corpus")
     last = short_run(tmp_path / "fine", corpus, f"init_from={out}")
     assert last.is_file()

@@ -161,7 +161,9 @@ BAD_REQUESTS = {
     # Valid JSON that is no text: a lone surrogate, in every field the service tokenizes.
     "a lone surrogate": (b'{"text": ["a \\ud800"]}', 422, "text.0: holds a lone UTF-16"),
     "a lone surrogate in a prefix": (
-        b'{"text": ["a"], "prefix": ["\\udfff"]}', 422, "prefix.0: holds a lone UTF-16",
+        b'{"text": ["a"], "prefix": ["\\udfff"]}',
+        422,
+        "prefix.0: holds a lone UTF-16",
     ),
     "a lone surrogate in a constraint": (
         b'{"text": ["a"], "beam_size": 2, "constraints": [["x\\ud800"]]}',
@@ -169,7 +171,9 @@ BAD_REQUESTS = {
         "constraints.0.0: holds a lone UTF-16",
     ),
     "a lone surrogate as tgt_lang": (
-        b'{"text": ["a"], "tgt_lang": "\\ud800"}', 422, "tgt_lang: holds a lone UTF-16",
+        b'{"text": ["a"], "tgt_lang": "\\ud800"}',
+        422,
+        "tgt_lang: holds a lone UTF-16",
     ),
 }
 

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_mt.errors import EXIT_USER_ERROR, guarded
+from transformer_mt.errors import EXIT_USER_ERROR, UserError, guarded
 from transformer_mt.training.run import run
-from transformer_mt.errors import UserError
 from transformer_mt.training.rundir import check_not_another_run, check_output_dir
 
 from conftest import (

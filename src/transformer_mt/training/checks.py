@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
+
+from lightning.fabric.connector import _PRECISION_INPUT
 
 from transformer_mt.checkpoint import LoadedModel, build_model, load_checkpoint
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.errors import UserError
 from transformer_mt.model.transformer import ModelConfig
+from transformer_mt.training.budget import validation_interval
+from transformer_mt.training.config import model_settings
 
 
 def check_max_len(data_max_len: int | None, model_max_len: int) -> None:
@@ -30,9 +34,32 @@ def check_max_len(data_max_len: int | None, model_max_len: int) -> None:
         )
 
 
-def check_resume_checkpoint(ckpt_path: Any) -> LoadedModel | None:
+def check_settings(cfg: Any) -> None:
+    """What the config alone decides, checked before any data is read (a :class:`TrainSchema`):
+    the model's shape (unless ``init_from`` brings one), the wall-clock budget, the precision.
+
+    Raises:
+        ValueError, UserError: the setting, the cause and the fix.
+    """
+    if not cfg.init_from:  # the tokenizer's sizes come later; no check here depends on them
+        sizes = {"src_vocab_size": 64, "tgt_vocab_size": 64, "pad_id": 0}
+        ModelConfig.from_dict(model_settings(cfg.model) | sizes)
+    max_time, validations = cfg.trainer.get("max_time"), cfg.budget.validations
+    if max_time is not None or validations:
+        validation_interval(max_time, validations or 1)
+    precision = cfg.trainer.get("precision")
+    allowed = [str(v) for kind in get_args(_PRECISION_INPUT) for v in get_args(kind)]
+    if precision is not None and str(precision) not in ("auto", *allowed):
+        raise UserError(
+            f"trainer.precision={precision} is not a precision; use auto (the fastest on this "
+            f"machine) or one of {', '.join(allowed)}"
+        )
+
+
+def check_resume_checkpoint(ckpt_path: Any, callbacks: dict[str, Any]) -> LoadedModel | None:
     """Read the checkpoint to resume from, before anything else: a bad file is a one-line
-    :class:`CheckpointError` here, not a traceback from deep inside Lightning."""
+    :class:`CheckpointError` here, not a traceback from deep inside Lightning. A run that
+    averaged its weights resumes only with its average (``callbacks``: the configured ones)."""
     if not ckpt_path or str(ckpt_path) in ("last", "best", "hpc"):
         return None  # Lightning's own shorthands: it finds the file itself
     path = Path(str(ckpt_path))
@@ -44,7 +71,22 @@ def check_resume_checkpoint(ckpt_path: Any) -> LoadedModel | None:
             f"checkpoint has only weights); start a run from its weights with init_from={path} "
             "instead of ckpt_path="
         )
+    if "current_model_state" in checkpoint and not _averages_weights(callbacks):
+        # Without the callback, training would go on from the average and drop the raw weights.
+        raise UserError(
+            f"cannot resume from {path} without its weight average: the run trained with "
+            "callbacks=ema; add callbacks=ema to resume it"
+        )
     return loaded
+
+
+def _averages_weights(callbacks: dict[str, Any]) -> bool:
+    """Whether a configured callback is a Lightning weight averaging (EMA)."""
+    from hydra.utils import get_class
+    from lightning.pytorch.callbacks import WeightAveraging
+
+    targets = [node.get("_target_") for node in callbacks.values() if isinstance(node, dict)]
+    return any(t and issubclass(get_class(t), WeightAveraging) for t in targets)
 
 
 def _vocabularies(tokenizer: Tokenizer) -> tuple[dict[str, int], dict[str, int]]:

@@ -33,6 +33,7 @@ from transformer_mt.training.checks import (
     check_max_len,
     check_resume_checkpoint,
     check_resume_matches,
+    check_settings,
 )
 from transformer_mt.training.config import TrainSchema, model_settings, train_settings
 from transformer_mt.training.finetune import FineTuneStart, FreezeParts, check_parts, finetune_start
@@ -221,6 +222,7 @@ def prepare_and_build(
     """What a run does before ``fit`` (seed, data, module, Trainer), for tools that drive the
     fit themselves."""
     cfg = train_settings(cfg)
+    check_settings(cfg)  # what the config alone decides, before any data work
     run_dir = Path(cfg.run_dir)
     start = finetune_start(cfg, run_dir)  # init_from: the checkpoint's weights and tokenizer
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -339,7 +341,7 @@ def _hydra_overrides() -> list[str] | None:
 
 def _run(cfg: TrainSchema, run_dir: Path) -> float | None:
     check_average_last(cfg.average_last, cfg.callbacks)
-    resumed = check_resume_checkpoint(cfg.ckpt_path)  # read and checked before any data
+    resumed = check_resume_checkpoint(cfg.ckpt_path, cfg.callbacks)  # before any data
     datamodule, module, trainer = prepare_and_build(cfg)
     if resumed is not None:
         check_resume_matches(resumed, datamodule.tokenizer, module.config, run_dir)
