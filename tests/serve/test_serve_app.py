@@ -492,10 +492,14 @@ def test_serving_beyond_this_machine_needs_a_key_or_insecure(
         assert serve_main([*missing, *argv]) == 2
         return capsys.readouterr().err.strip().splitlines()
 
+    listened: list[Any] = []
+    listen = socket.socket.listen
+    monkeypatch.setattr(socket.socket, "listen", lambda s, *a: listened.append(s) or listen(s, *a))
     (refused,) = lines("--host", "0.0.0.0")
     assert refused.startswith("error: --host 0.0.0.0 serves every machine") and "--insecure" in (
         refused
     )
+    assert listened == []  # refused once bound: the public port never took a connection
     warning, error = lines("--host", "0.0.0.0", "--insecure")
     assert warning.startswith("warning: serving 0.0.0.0:") and "without an API key" in warning
     assert "does not exist" in error

@@ -128,10 +128,12 @@ def is_loopback(address: str) -> bool:
 
 def listen(args: argparse.Namespace, key: str | None) -> socket.socket:
     """The socket of ``--host``/``--port``; a ``ValueError`` for an address beyond this
-    machine without a key, unless ``--insecure`` (then a warning line on stderr)."""
+    machine without a key, unless ``--insecure`` (then a warning line on stderr). The address
+    is checked when bound, before the port takes any connection."""
     sock = bind(args.host, args.port)
     address, port = sock.getsockname()[:2]
     if key or is_loopback(address):
+        sock.listen(128)
         return sock
     if not args.insecure:
         sock.close()
@@ -145,11 +147,13 @@ def listen(args: argparse.Namespace, key: str | None) -> socket.socket:
         "reach it may use the model",
         file=sys.stderr,
     )
+    sock.listen(128)
     return sock
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port``; an ``OSError`` with the fix when that fails."""
+    """A socket bound to ``host:port``, not yet listening; an ``OSError`` with the fix when
+    that fails."""
     try:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -160,7 +164,6 @@ def bind(host: str, port: int) -> socket.socket:
             f"cannot listen on {host}:{port} ({err.strerror or err}); pick another --port "
             "(0 = any free port) or stop what uses it"
         ) from None
-    sock.listen(128)
     return sock
 
 
