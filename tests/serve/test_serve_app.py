@@ -247,6 +247,19 @@ def test_attention_is_the_models_own_teacher_forced_pass(client: Any, tiny_ckpt:
     own = client.post("/attention", json={"text": source, "translation": "Hallo Welt"}).json()
     assert own["translation"] == "Hallo Welt"
     assert len(own["cross"][0][0]) == len(own["output_tokens"])
+    assert got["truncated"] == own["truncated"] == {"source": 0, "translation": 0}
+
+
+def test_attention_says_what_the_models_limit_cut(client: Any, tiny_ckpt: Path) -> None:
+    """The maps cover what the model reads (its positional limit); the answer says how many
+    tokens of each side were cut to fit."""
+    source, output = " ".join(["seven"] * 120), " ".join(["sieben"] * 120)
+    got = client.post("/attention", json={"text": source, "translation": output})
+    assert got.status_code == 200, got.text
+    tok, limit = load_model(tiny_ckpt).tokenizer, 80 - 1  # max_len 80: room for <eos>
+    sent = len(tok.encode_src_batch([source])[0]), len(tok.encode_tgt_batch([output])[0])
+    assert got.json()["truncated"] == {"source": sent[0] - limit, "translation": sent[1] - limit}
+    assert len(got.json()["source_tokens"]) == limit + 1
 
 
 class BlockingModel:

@@ -152,7 +152,16 @@ class ServedModel:
         """Every attention weight of the torch model's teacher-forced pass over ``source`` ->
         ``translation``, whatever engine translates."""
         self.pin_threads(1)
-        maps = record_maps(self.loaded, *self._pair(source, translation, tgt_lang))
+        src_ids, out_ids = self._pair(source, translation, tgt_lang)
+        maps = record_maps(self.loaded, src_ids, out_ids)
+        tokenizer, tagged = self.loaded.tokenizer, self.translator_for(tgt_lang).tag_id is not None
+        # What the model's limit cut, so that a client knows the maps show less than it sent.
+        truncated = {
+            "source": len(tokenizer.encode_src_batch([source.strip()])[0])
+            - (len(src_ids) - tagged),
+            "translation": len(tokenizer.encode_tgt_batch([translation.strip()])[0])
+            - len(out_ids),
+        }
         # Rounded in float64, so that JSON writes "0.012" and not a float32's 17 digits.
         layers = {
             kind: [w.double().mul(1000).round().div(1000).tolist() for w in getattr(maps, kind)]
@@ -160,7 +169,8 @@ class ServedModel:
         }
         return {
             "source_tokens": maps.src_labels, "output_tokens": maps.out_labels,
-            "input_tokens": maps.in_labels, "n_heads": self.loaded.config.n_heads, **layers,
+            "input_tokens": maps.in_labels, "n_heads": self.loaded.config.n_heads,
+            "truncated": truncated, **layers,
         }  # fmt: skip
 
     def _pair(self, source: str, translation: str, tgt_lang: str | None = None) -> Any:

@@ -151,6 +151,11 @@ async function attend(text, translation) {
   $("status").textContent = "recording attention…";
   const lang = $("tgt-lang-field").hidden ? {} : { tgt_lang: $("tgt-lang").value };
   state.maps = await post("/attention", { text, translation, ...lang });
+  const cut = Object.entries(state.maps.truncated || {}).filter(([, n]) => n > 0);
+  if (cut.length) {
+    const what = cut.map(([side, n]) => `${n} tokens of the ${side}`).join(" and ");
+    showError(`The model's length limit cut ${what}: the maps show what it read.`);
+  }
   state.activeRow = null;
   fillSelectors();
   $("attention").hidden = false;
