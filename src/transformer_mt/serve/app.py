@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 from transformer_mt.inference.alignment import pharaoh
 from transformer_mt.inference.translator import Translation
 from transformer_mt.serve.batcher import QueueFull
+from transformer_mt.serve.libretranslate import PREFIX, add_libretranslate
 from transformer_mt.serve.limits import Limits
 from transformer_mt.serve.middleware import BodyLimit, KeyCheck, error
 from transformer_mt.serve.model import ServedModel
@@ -89,8 +90,9 @@ async def _disconnected(request: Request) -> None:
 def create_app(
     model: ServedModel, limits: Limits | None = None, *, api_key: str | None = None
 ) -> FastAPI:
-    """The FastAPI application serving ``model``; with ``api_key``, every route but the page,
-    its files, the docs and /health needs it (:class:`~.middleware.KeyCheck`)."""
+    """The FastAPI application serving ``model``, its own routes and LibreTranslate's; with
+    ``api_key``, every route but the page, its files, the docs and /health needs it
+    (:class:`~.middleware.KeyCheck`; LibreTranslate's routes read it from the request)."""
     service = Service(model, limits or Limits())
 
     @contextlib.asynccontextmanager
@@ -108,10 +110,12 @@ def create_app(
     # JSON may spell a character as a 12-byte surrogate pair; the rest is the envelope.
     app.add_middleware(BodyLimit, max_bytes=12 * service.limits.max_chars + 65536)
     if api_key:
-        app.add_middleware(KeyCheck, key=api_key)  # before any body is read
+        # Before any body is read; LibreTranslate's clients send the key in the body.
+        app.add_middleware(KeyCheck, key=api_key, body_keyed=PREFIX)
     app.add_middleware(ServerTiming)  # outermost: its clock starts with the headers read
     _add_error_handlers(app)
     _add_routes(app, service, secured=bool(api_key))
+    add_libretranslate(app, service, wait=until_gone, api_key=api_key)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
 

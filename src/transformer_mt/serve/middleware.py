@@ -107,15 +107,16 @@ OPEN_PATHS = frozenset({"/", "/health", "/docs", "/docs/oauth2-redirect", "/open
 class KeyCheck:
     """Every request but a GET of :data:`OPEN_PATHS` (and ``/static/``) needs
     ``Authorization: Bearer KEY``, compared in constant time; else 401, before any body is
-    read."""
+    read. Paths under ``body_keyed`` pass: their routes check the key the request carries."""
 
-    def __init__(self, app: Any, key: str) -> None:
-        self.app, self.key = app, key.encode()
+    def __init__(self, app: Any, key: str, *, body_keyed: str | None = None) -> None:
+        self.app, self.key, self.body_keyed = app, key.encode(), body_keyed
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         path = scope.get("path", "")
         static = path.startswith("/static/") and ".." not in path
         is_open = scope.get("method") in ("GET", "HEAD") and (path in OPEN_PATHS or static)
+        is_open |= bool(self.body_keyed) and path.startswith(f"{self.body_keyed}/")
         if scope["type"] == "http" and not is_open:
             given = dict(scope["headers"]).get(b"authorization", b"")
             scheme, _, token = given.partition(b" ")
