@@ -202,6 +202,7 @@ def test_attention_refuses_a_lone_surrogate(client: Any, field: str) -> None:
 def test_unknown_route_and_method_are_json_errors(client: Any) -> None:
     for response, status in ((client.get("/nothing"), 404), (client.get("/translate"), 405)):
         assert response.status_code == status and list(response.json()) == ["error"]
+    assert client.get("/translate").headers["allow"] == "POST"  # RFC 9110: what it takes
 
 
 def test_model_health_docs_and_page(client: Any, tiny_ckpt: Path) -> None:

@@ -28,7 +28,12 @@ from transformer_mt.serve.libretranslate import PREFIX, add_libretranslate
 from transformer_mt.serve.limits import Limits
 from transformer_mt.serve.middleware import BodyLimit, KeyCheck, error
 from transformer_mt.serve.model import ServedModel
-from transformer_mt.serve.schemas import AttentionRequest, TranslateRequest, validation_message
+from transformer_mt.serve.schemas import (
+    AttentionRequest,
+    TranslateRequest,
+    errors,
+    validation_message,
+)
 from transformer_mt.serve.service import ApiError, Service
 from transformer_mt.serve.timing import ServerTiming, Stopwatch
 
@@ -131,8 +136,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         return error(*validation_message(exc, schema.model_fields))
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, HTTPException)
-        return error(exc.status_code, str(exc.detail))
+        assert isinstance(exc, HTTPException)  # its headers: a 405's Allow
+        return error(exc.status_code, str(exc.detail), exc.headers)
 
     async def on_bug(request: Request, exc: Exception) -> JSONResponse:
         return error(500, incident(request, exc, "the service"))
@@ -171,8 +176,10 @@ def _add_routes(app: FastAPI, service: Service, *, secured: bool = False) -> Non
     brief = {k: info[k] for k in ("checkpoint", "src_lang", "tgt_lang", "engine")}
     key = [Depends(HTTPBearer(auto_error=False, description="the service's API key"))]
     deps = key if secured else []
+    keyed = (401,) if secured else ()
+    work = errors(400, *keyed, 413, 422, 500, 503, 504)  # a job in the batcher's queue
 
-    @app.post("/translate", dependencies=deps)
+    @app.post("/translate", dependencies=deps, responses=work)
     async def translate(body: TranslateRequest, request: Request) -> dict[str, Any]:
         """Translate ``text`` (a list of sentences): one translation per sentence, in order."""
         watch: Stopwatch | None = request.scope.get("state", {}).get("timing")  # ServerTiming's
@@ -184,17 +191,17 @@ def _add_routes(app: FastAPI, service: Service, *, secured: bool = False) -> Non
             watch.mark("resume")
         return {**_answer(results, body), "model": brief}
 
-    @app.post("/attention", dependencies=deps)
+    @app.post("/attention", dependencies=deps, responses=work)
     async def attention(body: AttentionRequest, request: Request) -> dict[str, Any]:
         """Every attention weight (layer x head) of a teacher-forced pass over one sentence."""
         return await until_gone(request, service.attention(body), service.limits.timeout_s)
 
-    @app.get("/model", dependencies=deps)
+    @app.get("/model", dependencies=deps, responses=errors(*keyed, 500))
     async def model_info() -> dict[str, Any]:
         """Languages, parameters, decoding defaults and the BLEU stored in the checkpoint."""
         return {**info, "limits": vars(service.limits)}
 
-    @app.get("/health")
+    @app.get("/health", responses=errors(500))
     async def health() -> dict[str, Any]:
         """``ok`` while the service answers; the sentences waiting, the engine calls run so
         far and those stopped early because nobody waited for them any more."""

@@ -159,8 +159,7 @@ class ServedModel:
         truncated = {
             "source": len(tokenizer.encode_src_batch([source.strip()])[0])
             - (len(src_ids) - tagged),
-            "translation": len(tokenizer.encode_tgt_batch([translation.strip()])[0])
-            - len(out_ids),
+            "translation": len(tokenizer.encode_tgt_batch([translation.strip()])[0]) - len(out_ids),
         }
         # Rounded in float64, so that JSON writes "0.012" and not a float32's 17 digits.
         layers = {

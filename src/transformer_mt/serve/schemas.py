@@ -36,20 +36,31 @@ class DecodingFields(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    beam_size: int | None = Field(None, description="beam size (1 = greedy)")
+    # The ranges are stated for clients (json_schema_extra) and checked by the service, whose
+    # message names the fix; the upper bounds are the service's own limits.
+    beam_size: int | None = Field(
+        None, description="beam size (1 = greedy)", json_schema_extra={"minimum": 1}
+    )
     length_penalty: float | None = Field(
-        None, description="alpha of the checkpoint's length normalisation, gnmt or power (>= 0)"
+        None,
+        description="alpha of the checkpoint's length normalisation, gnmt or power (>= 0)",
+        json_schema_extra={"minimum": 0, "maximum": 10},
     )
     sampling_topk: int | None = Field(
         None,
         description="sample each token from the K most likely (0 = the whole vocabulary) "
         "instead of searching; beam_size must be 1",
+        json_schema_extra={"minimum": 0},
     )
     sampling_topp: float | None = Field(
-        None, description="sample from the most likely tokens whose probability reaches P, (0, 1]"
+        None,
+        description="sample from the most likely tokens whose probability reaches P, (0, 1]",
+        json_schema_extra={"exclusiveMinimum": 0, "maximum": 1},
     )
     temperature: float | None = Field(
-        None, description="sampling temperature (> 0; > 1 flattens the distribution)"
+        None,
+        description="sampling temperature (> 0; > 1 flattens the distribution)",
+        json_schema_extra={"exclusiveMinimum": 0},
     )
     seed: int | None = Field(
         None, description="sampling seed: the same seed and sentence give the same samples"
@@ -66,11 +77,14 @@ SAMPLING_FIELDS = ("sampling_topk", "sampling_topp", "temperature", "seed")
 
 
 class TranslateRequest(DecodingFields):
-    text: list[Text] = Field(description="the sentences to translate, one per item")
+    text: list[Text] = Field(
+        description="the sentences to translate, one per item", json_schema_extra={"minItems": 1}
+    )
     nbest: int | None = Field(
         None,
         description="also return the n best hypotheses of each sentence (<= beam_size; with "
         "sampling, the samples drawn per sentence)",
+        json_schema_extra={"minimum": 1},
     )
     prefix: list[Text] | None = Field(
         None,
@@ -91,6 +105,29 @@ class AttentionRequest(DecodingFields):
     translation: Text | None = Field(
         None, description="the output to attend over (default: the model's translation)"
     )
+
+
+class ErrorBody(BaseModel):
+    """Every answer but a 200: one line, the cause and the fix."""
+
+    error: str = Field(description="what was wrong and what to do, on one line")
+
+
+#: Each status the service answers besides 200, as its OpenAPI schema lists it.
+ERRORS = {
+    400: "the body is not JSON",
+    401: "the service has an API key and the request has none, or another",
+    413: "too large: the body's bytes, the sentences, the characters or the attention weights",
+    422: "a field is unknown, of the wrong type or out of range",
+    500: "the engine failed on this request; the message holds an incident id for the log",
+    503: "the queue is full; retry later",
+    504: "no answer within the service's time-out; send less",
+}
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of a route that can answer ``statuses``."""
+    return {s: {"model": ErrorBody, "description": ERRORS[s]} for s in statuses}
 
 
 def validation_message(exc: RequestValidationError, known: Iterable[str]) -> tuple[int, str]:
