@@ -146,6 +146,11 @@ def test_a_missing_or_wrong_key_and_a_malformed_body_are_refused(served: str) ->
     ):
         got, answer = call(f"{url}translate", body, **headers)
         assert got == 400 and list(answer) == ["error"], (body, answer)
+    # The service's bearer header is a key here too (its own clients, the schema fuzzing).
+    ask = json.dumps({"q": SENTENCE, "source": "en", "target": "de"}).encode()
+    bearer = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+    assert call(f"{url}translate", ask, **bearer)[0] == 200
+    assert call(f"{url}translate", ask, **{**bearer, "Authorization": "Bearer wrong"})[0] == 403
     # The service's own routes still take the key as a bearer header only; it goes on.
     assert call(f"{served}/model")[0] == 401
     status, health = call(f"{served}/health")
@@ -163,8 +168,10 @@ def test_without_a_service_key_no_key_is_asked(tmp_path: Path) -> None:
         answer = client.post("/libretranslate/translate", data=form)
         assert answer.status_code == 200 and isinstance(answer.json()["translatedText"], str)
         assert client.get("/libretranslate/languages").status_code == 200
-        # LibreTranslate documents its API; the service's schema holds only its own routes.
-        assert not [p for p in client.get("/openapi.json").json()["paths"] if "libre" in p]
+        # In the service's schema, with every refusal, so that the schema fuzzing covers them.
+        paths = client.get("/openapi.json").json()["paths"]
+        assert {"400", "403", "413"} <= set(paths["/libretranslate/translate"]["post"]["responses"])
+        assert "403" in paths["/libretranslate/languages"]["get"]["responses"]
 
 
 def test_a_multilingual_model_lists_every_direction() -> None:

@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from transformer_mt.serve.model import ServedModel
-from transformer_mt.serve.schemas import TranslateRequest
+from transformer_mt.serve.schemas import TranslateRequest, errors
 from transformer_mt.serve.service import ApiError, Service
 
 #: Where the routes live: a client's base URL is ``http://HOST:PORT/libretranslate/``.
@@ -44,6 +44,8 @@ KEPT = {
 Wait = Callable[[Request, Awaitable[Any], float], Awaitable[Any]]
 
 EXAMPLE = 'e.g. {"q": "Hello.", "source": "en", "target": "de"}'
+#: The bodies LibreTranslate's clients send.
+FORMS = ("application/json", "application/x-www-form-urlencoded")
 
 
 class LibreRequest(BaseModel):
@@ -86,7 +88,9 @@ async def read_params(request: Request, key: str | None) -> dict[str, Any]:
         params.update(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
     elif body:
         raise ApiError(400, f"a {kind} body is not read here; send JSON or a form, {EXAMPLE}")
-    given = params.get("api_key")
+    # LibreTranslate's clients send api_key; the service's own bearer header is taken too.
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    given = params.get("api_key") or (token if scheme.lower() == "bearer" else None)
     if key and not (isinstance(given, str) and hmac.compare_digest(given.encode(), key.encode())):
         cause = "the API key is wrong" if given else "this service needs an API key"
         raise ApiError(403, f"{cause}; send the service's key as api_key")
@@ -156,8 +160,15 @@ def add_libretranslate(app: FastAPI, service: Service, *, wait: Wait, api_key: s
     def trained() -> dict[str, list[str]]:  # read at the first request
         return directions(service.model)
 
-    # Outside the service's OpenAPI schema: LibreTranslate's documentation is its clients'.
-    @app.post(f"{PREFIX}/translate", include_in_schema=False)
+    schema = LibreRequest.model_json_schema()
+    schema["properties"]["api_key"] = {"type": "string", "description": "the service's key"}
+    body = {"required": True, "content": {k: {"schema": schema} for k in FORMS}}
+
+    @app.post(
+        f"{PREFIX}/translate",
+        responses=errors(400, 403, 413, 500, 503, 504),
+        openapi_extra={"requestBody": body},
+    )
     async def libretranslate(request: Request) -> dict[str, Any]:
         """LibreTranslate's translate: ``q`` (a string or a list), ``source`` (``auto``: the
         model's), ``target``, ``format`` (text or html), ``alternatives``, ``api_key``."""
@@ -173,7 +184,7 @@ def add_libretranslate(app: FastAPI, service: Service, *, wait: Wait, api_key: s
             answer["detectedLanguage"] = found if one else [found] * len(texts)
         return answer
 
-    @app.get(f"{PREFIX}/languages", include_in_schema=False)
+    @app.get(f"{PREFIX}/languages", responses=errors(403, 500))
     async def languages(request: Request) -> list[dict[str, Any]]:
         """LibreTranslate's languages: each source language of the model and its targets."""
         await read_params(request, api_key)

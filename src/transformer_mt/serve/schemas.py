@@ -115,8 +115,9 @@ class ErrorBody(BaseModel):
 
 #: Each status the service answers besides 200, as its OpenAPI schema lists it.
 ERRORS = {
-    400: "the body is not JSON",
+    400: "the body is not JSON (LibreTranslate's routes: any bad parameter or language pair)",
     401: "the service has an API key and the request has none, or another",
+    403: "LibreTranslate's routes: the service has an API key and api_key is missing or another",
     413: "too large: the body's bytes, the sentences, the characters or the attention weights",
     422: "a field is unknown, of the wrong type or out of range",
     500: "the engine failed on this request; the message holds an incident id for the log",
