@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from transformer_mt.checkpoint import LoadedModel, load_model, resolve_device
-from transformer_mt.cli.hydra_app import CONFIG_DIR, register_configs, search_keys, spelled
+from transformer_mt.cli.hydra_app import CONFIG_DIR, register_configs
 from transformer_mt.cli.options import converter
 from transformer_mt.inference import translator as core
 from transformer_mt.inference.engine import open_engine
@@ -135,10 +135,10 @@ def train(*, overrides: Sequence[str] = ()) -> TrainResult:
     """Train as ``python train.py OVERRIDES`` does (``["experiment=multi30k_de_en"]``), into
     ``run_dir=`` or the command's own ``outputs/<task>/runs/<time>``. The command's process
     settings (OpenMP, the heap) are the caller's."""
-    from transformer_mt.training.run import run  # Lightning, when asked for
+    from transformer_mt.cli.train import train as run  # Lightning, when asked for
 
     cfg = _compose("train", overrides)
-    return TrainResult(Path(cfg.run_dir), _spelled(run, "module.decoding")(cfg))
+    return TrainResult(Path(cfg.run_dir), run(cfg))
 
 
 def evaluate(*, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -146,13 +146,7 @@ def evaluate(*, overrides: Sequence[str] = ()) -> dict[str, Any]:
     (``results.json``: the metrics, settings and speed)."""
     from transformer_mt.cli.evaluate import evaluate as run
 
-    batch = {"max_tokens": "batch.max_tokens", "max_sentences": "batch.sentences"}
-    return _spelled(run, "decoding", batch)(_compose("evaluate", overrides))
-
-
-def _spelled(fn: Callable[..., Any], prefix: str, extra: dict[str, str] | None = None) -> Any:
-    """``fn``, whose setting errors spell the fix as an override, as the command's do."""
-    return spelled({**search_keys(prefix), **(extra or {})})(fn)
+    return run(_compose("evaluate", overrides))
 
 
 def _compose(name: str, overrides: Sequence[str]) -> Any:

@@ -23,8 +23,6 @@ from transformer_mt.cli.hydra_app import (
 )
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="evaluate")
-@task
 @spelled(
     {
         **search_keys("decoding"),
@@ -32,19 +30,22 @@ from transformer_mt.cli.hydra_app import (
         "max_sentences": "batch.sentences",
     }
 )
-def _main(cfg: DictConfig) -> Any:
-    return evaluate(cfg)
-
-
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
-    """Evaluate as the composed ``cfg`` says: typed once, then the pipeline (also for tests
-    and scripts that compose the config themselves)."""
+    """Evaluate as the composed ``cfg`` says: typed once, then the pipeline (also for the
+    Python API, tests and scripts that compose the config themselves); a setting's error
+    spells its fix as an override."""
     from transformer_mt.cli.options import converter
     from transformer_mt.inference.evaluate import run
     from transformer_mt.inference.settings import eval_settings
 
     settings = eval_settings(cfg)
     return run(settings, convert=converter(settings.engine, settings.engine_model))
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="evaluate")
+@task
+def _main(cfg: DictConfig) -> Any:
+    return evaluate(cfg)
 
 
 def main() -> None:

@@ -23,11 +23,10 @@ from transformer_mt.cli.hydra_app import (
 )
 
 
-# Guarded inside the Hydra function, so that Hydra's handler never sees a user error.
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
-@task
 @spelled(search_keys("module.decoding"))
-def _main(cfg: DictConfig) -> Any:
+def train(cfg: DictConfig) -> Any:
+    """Train as the composed ``cfg`` says (also for the Python API); its ``optimized_metric``.
+    A setting's error spells its fix as an override."""
     # torch's import of sympy loads matplotlib, whose first start on a machine logs the font
     # cache it built: a line about nothing this run does.
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
@@ -35,6 +34,13 @@ def _main(cfg: DictConfig) -> Any:
     from transformer_mt.training.run import run
 
     return run(cfg)
+
+
+# Guarded inside the Hydra function, so that Hydra's handler never sees a user error.
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+@task
+def _main(cfg: DictConfig) -> Any:
+    return train(cfg)
 
 
 def main() -> None:
