@@ -11,11 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from transformer_mt.checkpoint import LoadedModel, load_model, resolve_device
 from transformer_mt.cli.hydra_app import CONFIG_DIR, register_configs
-from transformer_mt.cli.options import converter
+from transformer_mt.cli.options import load_translator
 from transformer_mt.inference import translator as core
-from transformer_mt.inference.engine import open_engine
 from transformer_mt.inference.score import PairScore, score_pairs
 from transformer_mt.inference.search import SearchConfig
 from transformer_mt.inference.translator import Translation
@@ -32,8 +30,8 @@ class Translator:
     ``sampling_topk=10, seed=1``), or a whole ``search=SearchConfig(...)``.
     """
 
-    def __init__(self, loaded: Sequence[LoadedModel], translator: core.Translator) -> None:
-        self._loaded, self._default = list(loaded), translator
+    def __init__(self, translator: core.Translator) -> None:
+        self._default = translator
         self._by_lang = {translator.tgt_lang: translator}  # they share the engine
 
     @classmethod
@@ -55,16 +53,11 @@ class Translator:
         target of a multilingual checkpoint; ``max_tokens``/``max_sentences``: the batch size
         (default: the checkpoint's ``data.eval_max_tokens``)."""
         paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
-        loaded = [load_model(p, resolve_device(device)) for p in paths]
-        decoder = open_engine(
-            engine, loaded, ct2_model=ct2_model, compute_type=compute_type,
-            convert=converter(engine, str(ct2_model) if ct2_model else None),
+        translator = load_translator(
+            paths, engine=engine, ct2_model=ct2_model, compute_type=compute_type, device=device,
+            tgt_lang=tgt_lang, max_tokens=max_tokens, max_sentences=max_sentences,
         )  # fmt: skip
-        translator = core.Translator(
-            loaded, max_tokens=max_tokens, max_sentences=max_sentences, engine=decoder,
-            tgt_lang=tgt_lang,
-        )  # fmt: skip
-        return cls(loaded, translator)
+        return cls(translator)
 
     def translate(self, lines: Sequence[str], **options: Any) -> list[str]:
         """The best translation of each line (empty lines stay empty); options as
@@ -115,8 +108,8 @@ class Translator:
     def _translator(self, tgt_lang: str | None) -> core.Translator:
         if tgt_lang is not None and tgt_lang not in self._by_lang:
             first = self._default
-            self._by_lang[tgt_lang] = core.Translator(
-                self._loaded, max_tokens=first.max_tokens, max_sentences=first.max_sentences,
+            self._by_lang[tgt_lang] = core.Translator(  # the engine holds the ensemble
+                first.loaded, max_tokens=first.max_tokens, max_sentences=first.max_sentences,
                 engine=first.engine, tgt_lang=tgt_lang,
             )  # fmt: skip
         return self._default if tgt_lang is None else self._by_lang[tgt_lang]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from transformer_mt.checkpoint import load_model, resolve_device
@@ -133,19 +135,32 @@ def open_translator(args: argparse.Namespace) -> Translator:
             cannot decode these checkpoints.
     """
     check_engine_flags(args)
-    device = resolve_device(args.device)
-    loaded = [load_model(path, device) for path in args.ckpt]
-    engine = open_engine(
-        args.engine,
-        loaded,
-        ct2_model=args.ct2_model,
-        compute_type=args.compute_type,
-        convert=converter(args.engine, args.ct2_model),
-    )
-    return Translator(
-        loaded,
-        max_tokens=args.max_tokens,
+    return load_translator(
+        args.ckpt, engine=args.engine, ct2_model=args.ct2_model, compute_type=args.compute_type,
+        device=args.device, tgt_lang=args.tgt_lang, max_tokens=args.max_tokens,
         max_sentences=args.batch_size,
-        engine=engine,
-        tgt_lang=args.tgt_lang,
-    )
+    )  # fmt: skip
+
+
+def load_translator(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    engine: str,
+    ct2_model: str | os.PathLike[str] | None,
+    compute_type: str | None,
+    device: str | None,
+    tgt_lang: str | None,
+    max_tokens: int | None,
+    max_sentences: int | None,
+) -> Translator:
+    """The checkpoints at ``paths`` (one, or an ensemble) on ``device`` with their ``engine``:
+    the commands' translator, and the Python API's."""
+    loaded = [load_model(path, resolve_device(device)) for path in paths]
+    decoder = open_engine(
+        engine, loaded, ct2_model=ct2_model, compute_type=compute_type,
+        convert=converter(engine, str(ct2_model) if ct2_model else None),
+    )  # fmt: skip
+    return Translator(
+        loaded, max_tokens=max_tokens, max_sentences=max_sentences, engine=decoder,
+        tgt_lang=tgt_lang,
+    )  # fmt: skip
