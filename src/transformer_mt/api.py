@@ -32,7 +32,6 @@ class Translator:
 
     def __init__(self, translator: core.Translator) -> None:
         self._default = translator
-        self._by_lang = {translator.tgt_lang: translator}  # they share the engine
 
     @classmethod
     def from_checkpoint(
@@ -89,7 +88,7 @@ class Translator:
                 f"unknown search setting {', '.join(unknown)}; the settings are "
                 f"{', '.join(SEARCH_SETTINGS)}"
             )
-        translator = self._translator(tgt_lang)
+        translator = self._default.into(tgt_lang)
         search = SearchConfig.from_stored(
             dataclasses.asdict(search or translator.search), **settings
         )
@@ -103,16 +102,7 @@ class Translator:
     ) -> list[PairScore]:  # fmt: skip
         """Each target's log-probability given its source (per token, ``<eos>`` last; ``.total``,
         ``.mean``); a side longer than the model takes is refused, or cut (``truncate``)."""
-        return score_pairs(self._translator(tgt_lang), sources, targets, truncate=truncate)
-
-    def _translator(self, tgt_lang: str | None) -> core.Translator:
-        if tgt_lang is not None and tgt_lang not in self._by_lang:
-            first = self._default
-            self._by_lang[tgt_lang] = core.Translator(  # the engine holds the ensemble
-                first.loaded, max_tokens=first.max_tokens, max_sentences=first.max_sentences,
-                engine=first.engine, tgt_lang=tgt_lang,
-            )  # fmt: skip
-        return self._default if tgt_lang is None else self._by_lang[tgt_lang]
+        return score_pairs(self._default.into(tgt_lang), sources, targets, truncate=truncate)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -204,6 +204,19 @@ class Translator:
         tok = self.tokenizer
         self.collate = Collate(tok.pad_id, tok.bos_id, tok.eos_id, self.limit)
         self.tgt_lang, self.tag_id = target_tag(self.loaded, tgt_lang)
+        self._models, self._siblings = models, {self.tgt_lang: self}
+
+    def into(self, tgt_lang: str | None) -> Translator:
+        """The translator into ``tgt_lang`` (a multilingual model's other targets), made once:
+        the same models, engine, search and batch size; ``None``: this one."""
+        if tgt_lang is None:
+            return self
+        if tgt_lang not in self._siblings:
+            self._siblings[tgt_lang] = Translator(
+                self._models, self.search, self.max_tokens, self.max_sentences,
+                engine=self.engine, tgt_lang=tgt_lang,
+            )  # fmt: skip
+        return self._siblings[tgt_lang]
 
     @property
     def device(self) -> torch.device:

@@ -59,9 +59,6 @@ class ServedModel:
             engine=engine,
             tgt_lang=known[0] if self.needs_tgt_lang else tgt_lang,
         )
-        self._max_tokens = max_tokens
-        # One translator per target language a request asks for; they share the engine.
-        self._translators = {self.translator.tgt_lang: self.translator}
         self.engine = self.translator.engine
         self.engine_kind = engine_kind
         self.compute_type = compute_type or "default"
@@ -137,14 +134,7 @@ class ServedModel:
 
     def translator_for(self, tgt_lang: str | None) -> Translator:
         """The translator into ``tgt_lang`` (``None``: the service's own language)."""
-        if tgt_lang is None or tgt_lang == self.translator.tgt_lang:
-            return self.translator
-        if tgt_lang not in self._translators:
-            self._translators[tgt_lang] = Translator(
-                self.ensemble, self.defaults, max_tokens=self._max_tokens, engine=self.engine,
-                tgt_lang=tgt_lang,
-            )  # fmt: skip
-        return self._translators[tgt_lang]
+        return self.translator.into(tgt_lang)
 
     def attention(
         self, source: str, translation: str, *, tgt_lang: str | None = None
