@@ -61,6 +61,9 @@ def test_train_and_evaluate_give_what_their_commands_give(
     rows = metrics(api_run.run_dir)
     assert rows == metrics(tmp_path / "command")
     assert api_run.metric == float([r for r in rows if r["val/bleu"]][-1]["val/bleu"])
+    tested = [r for r in rows if r.get("test/bleu")][-1]
+    assert api_run.metrics["test/bleu"] == float(tested["test/bleu"])
+    assert "val/loss" in api_run.metrics and "test/chrf" in api_run.metrics
 
     results = evaluate(overrides=[f"ckpt_path={ckpt}", f"run_dir={tmp_path / 'eval'}"])
     env = {k: v for k, v in os.environ.items() if k not in DEBUG_VARIABLES}

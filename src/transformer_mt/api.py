@@ -107,11 +107,13 @@ class Translator:
 
 @dataclasses.dataclass(frozen=True)
 class TrainResult:
-    """A training run's directory (``checkpoints/``, ``csv/``, ...) and its ``optimized_metric``
-    (``val/bleu`` by default; ``None`` without a validation): what the command gives a sweep."""
+    """A training run's directory (``checkpoints/``, ``csv/``, ...), its ``optimized_metric``
+    (``val/bleu`` by default; ``None`` without a validation: what the command gives a sweep),
+    and the metrics of the command's summary (``val/bleu``, ``test/bleu``, ``test/chrf``, ...)."""
 
     run_dir: Path
     metric: float | None
+    metrics: dict[str, float]
 
 
 def train(*, overrides: Sequence[str] = ()) -> TrainResult:
@@ -120,8 +122,9 @@ def train(*, overrides: Sequence[str] = ()) -> TrainResult:
     settings (OpenMP, the heap) are the caller's."""
     from transformer_mt.cli.train import train as run  # Lightning, when asked for
 
-    cfg = _compose("train", overrides)
-    return TrainResult(Path(cfg.run_dir), run(cfg))
+    cfg, metrics = _compose("train", overrides), dict[str, float]()
+    metric = run(cfg, metrics)
+    return TrainResult(Path(cfg.run_dir), metric, metrics)
 
 
 def evaluate(*, overrides: Sequence[str] = ()) -> dict[str, Any]:

@@ -24,16 +24,17 @@ from transformer_mt.cli.hydra_app import (
 
 
 @spelled(search_keys("module.decoding"))
-def train(cfg: DictConfig) -> Any:
-    """Train as the composed ``cfg`` says (also for the Python API); its ``optimized_metric``.
-    A setting's error spells its fix as an override."""
+def train(cfg: DictConfig, metrics: dict[str, float] | None = None) -> Any:
+    """Train as the composed ``cfg`` says (also for the Python API); its ``optimized_metric``,
+    and its validation and test metrics put into ``metrics``. A setting's error spells its fix
+    as an override."""
     # torch's import of sympy loads matplotlib, whose first start on a machine logs the font
     # cache it built: a line about nothing this run does.
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     # Imported when the command runs, so that --help and config errors answer at once.
     from transformer_mt.training.run import run
 
-    return run(cfg)
+    return run(cfg, metrics)
 
 
 # Guarded inside the Hydra function, so that Hydra's handler never sees a user error.

@@ -307,8 +307,9 @@ def _interrupted(trainer: pl.Trainer) -> TrainingInterrupted:
     )
 
 
-def run(cfg: DictConfig | TrainSchema) -> float | None:
-    """Train, test the best checkpoint, print a summary; return ``cfg.optimized_metric``."""
+def run(cfg: DictConfig | TrainSchema, metrics: dict[str, float] | None = None) -> float | None:
+    """Train, test the best checkpoint, print a summary; return ``cfg.optimized_metric`` (what a
+    sweep reads) and put the summary's validation and test metrics into ``metrics``."""
     cfg = train_settings(cfg)
     if "WANDB_API_KEY" not in os.environ:
         # Without a key wandb would prompt or hang; offline files can be synced later.
@@ -324,7 +325,7 @@ def run(cfg: DictConfig | TrainSchema) -> float | None:
     claimed = claim_run_dir(run_dir)
     try:
         with one_trial_per_process_group():
-            return _run(cfg, run_dir)
+            return _run(cfg, run_dir, {} if metrics is None else metrics)
     finally:
         if claimed:
             release_run_dir(run_dir)
@@ -339,7 +340,7 @@ def _hydra_overrides() -> list[str] | None:
     return list(HydraConfig.get().overrides.task)
 
 
-def _run(cfg: TrainSchema, run_dir: Path) -> float | None:
+def _run(cfg: TrainSchema, run_dir: Path, metrics: dict[str, float]) -> float | None:
     check_average_last(cfg.average_last, cfg.callbacks)
     resumed = check_resume_checkpoint(cfg.ckpt_path, cfg.callbacks)  # before any data
     datamodule, module, trainer = prepare_and_build(cfg)
@@ -379,6 +380,7 @@ def _run(cfg: TrainSchema, run_dir: Path) -> float | None:
 
     if trainer.is_global_zero:
         _print_summary(cfg, val_metrics, test_metrics, best_path, trainer)
+    metrics.update(val_metrics | test_metrics)
     metric = cfg.optimized_metric
     if metric and metric in val_metrics:
         return val_metrics[metric]
