@@ -181,9 +181,12 @@ class StudyWorker:
             if self.heartbeat:
                 optuna.storages.fail_stale_trials(self.study)
             trials = self.study.get_trials(deepcopy=False)
-            counted = [t for t in trials if t.state in COUNTED]
+            # Given points wait in the queue and count: only those within n_trials run now,
+            # the rest stay for an invocation that asks for more.
+            counted = sorted(t.number for t in trials if t.state in COUNTED)[: self.n_trials]
             running = [t for t in trials if t.state == TrialState.RUNNING]
-            if len(counted) < self.n_trials or any(t.state == TrialState.WAITING for t in trials):
+            waiting = {t.number for t in trials if t.state == TrialState.WAITING}
+            if len(counted) < self.n_trials or waiting.intersection(counted):
                 break
             if not (running and self.heartbeat):
                 return None
