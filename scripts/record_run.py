@@ -44,7 +44,12 @@ def training_facts(run_dir: Path) -> dict[str, Any]:
     speeds = [float(r["train/tokens_per_sec"]) for r in rows if r.get("train/tokens_per_sec")]
     val = [(int(r["epoch"]), float(r["val/bleu"])) for r in rows if r.get("val/bleu")]
     steps = [int(r["step"]) for r in rows if r.get("step")]
+    last = next((r for r in reversed(rows) if r.get("val/bleu")), {})
     return {
+        # Perplexity per target subword token, of the plain NLL (no label smoothing).
+        "last_validation": {
+            k: round(float(last[f"val/{k}"]), 3) for k in ("bleu", "ppl") if last.get(f"val/{k}")
+        },
         "epochs": max((e for e, _ in val), default=-1) + 1,  # validations at epoch ends
         "steps": max([*steps, final_step(run_dir)], default=0),
         "target_tokens_per_s_median": round(statistics.median(speeds)) if speeds else None,
@@ -54,7 +59,8 @@ def training_facts(run_dir: Path) -> dict[str, Any]:
 
 
 def final_step(run_dir: Path) -> int:
-    """last.ckpt's global step (0 without one).
+    """The global step of last.ckpt, or of the newest checkpoint where a run keeps no last.ckpt
+    (a sweep's trial); 0 without any.
 
     metrics.csv has a row only every log_every_n_steps, so a run ended by
     trainer.max_steps can end up to that many steps after its last row; the checkpoint saved
@@ -62,8 +68,9 @@ def final_step(run_dir: Path) -> int:
     """
     from transformer_mt.checkpoint import load_checkpoint
 
-    last = run_dir / "checkpoints" / "last.ckpt"
-    return int(load_checkpoint(last).get("global_step") or 0) if last.is_file() else 0
+    folder = run_dir / "checkpoints"
+    saved = sorted(folder.glob("*.ckpt"), key=lambda p: (p.name == "last.ckpt", p.stat().st_mtime))
+    return int(load_checkpoint(saved[-1]).get("global_step") or 0) if saved else 0
 
 
 def run_settings(run_dir: Path) -> dict[str, Any]:
@@ -74,13 +81,19 @@ def run_settings(run_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     cfg = OmegaConf.load(path)
-    chosen = None
+    chosen = parameters = None
     log_file = run_dir / "train.log"
     if log_file.is_file():  # what trainer.precision=auto picked, as the run logged it
         for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines():
             if "precision.py" in line or "- precision: " in line:
                 chosen = line.split("precision: ", 1)[-1].strip()
+            if "- model: " in line and " parameters " in line:
+                parameters = int(line.split("- model: ", 1)[1].split()[0].replace(",", ""))
+    overrides = run_dir / ".hydra" / "overrides.yaml"
     return {
+        # A sweep's job differs from its command by these (its sampled or given point).
+        "overrides": list(OmegaConf.load(overrides)) if overrides.is_file() else None,
+        "parameters": parameters,
         "precision_chosen": chosen,
         "task_name": cfg.get("task_name"),
         "max_time": OmegaConf.select(cfg, "trainer.max_time"),
