@@ -106,6 +106,7 @@ def read_runs(records: Path = RECORDS) -> dict[str, list[dict[str, Any]]]:
         row, _, seed = path.stem.rpartition("_seed")
         last = record["training"]["last_validation"]
         cpu = record["machine"]
+        test = record.get("evaluations", {}).get("test", {}).get("metrics", {})
         runs.setdefault(row, []).append(
             {
                 "seed": int(seed),
@@ -113,7 +114,9 @@ def read_runs(records: Path = RECORDS) -> dict[str, list[dict[str, Any]]]:
                 "ppl": last["ppl"],
                 "parameters": record["settings"]["parameters"],
                 "steps": record["training"]["steps"],
-                "cpu": f"{cpu.get('cpu')} (family {cpu.get('family')}, model {cpu.get('model')})",
+                "test_bleu": test.get("bleu"),
+                "cpu": f"{cpu['cpu']} (family {cpu['cpu_family']}, "
+                f"model {cpu['cpu_model_number']})",
             }
         )
     return runs
@@ -177,6 +180,10 @@ def table(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 row[f"{metric}_delta"], row[f"{metric}_se"] = difference(
                     values, [s[metric] for s in base]
                 )
+        tested = [s["test_bleu"] for s in seeds if s["test_bleu"] is not None]
+        if tested:
+            row["test_bleu"], row["test_bleu_sd"] = mean_sd(tested)
+            row["test_seeds"] = len(tested)
         paper = PAPER.get(name)
         if paper is not None:
             row["paper_row"] = paper[0]
@@ -251,6 +258,13 @@ def markdown(result: dict[str, Any]) -> str:
         + "; ".join(result["machines"])
         + f". Steps per run: {', '.join(map(str, result['steps']))}.",
     ]
+    tested = [
+        f"{r['row']} {_pm(r['test_bleu'], r['test_bleu_sd'])} ({r['test_seeds']} seeds)"
+        for r in result["rows"]
+        if "test_bleu" in r
+    ]
+    if tested:
+        lines += ["", "Test2016 BLEU, greedy, scored once at the end: " + "; ".join(tested) + "."]
     return "\n".join(lines) + "\n"
 
 
