@@ -69,7 +69,7 @@ def change(row: str) -> str:
     """The row's change, from the comment its config opens with."""
     path = ROOT / "configs" / "table3" / f"{row}.yaml"
     comment = path.read_text(encoding="utf-8").splitlines()[1]
-    return comment.lstrip("# ").rstrip(".")
+    return comment.lstrip("# ").rstrip(".").removeprefix("base: ")
 
 
 # ---------------------------------------------------------------------- records
@@ -287,8 +287,8 @@ def figure(result: dict[str, Any], path: Path) -> None:
         ax.plot(paper, y, "D", mfc="none", color="C3", label="paper")
         ax.set_xlabel(f"{label} from the base row")
         ax.grid(axis="x", alpha=0.3)
-    axes[0].set_yticks(y, [f"{r['row']}: {r['change'][:34]}" for r in rows], fontsize=7)
-    axes[0].legend(loc="lower left", fontsize=8)
+    axes[0].set_yticks(y, [r["change"].split(" (")[0] for r in rows], fontsize=8)
+    axes[0].legend(fontsize=8)
     fig.suptitle("Table 3 variations: Multi30k de→en (ours) vs newstest2013 en→de (paper)")
     fig.tight_layout()
     with atomic_write(path) as handle:
