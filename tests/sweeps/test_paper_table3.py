@@ -142,7 +142,7 @@ def test_the_table_from_synthetic_runs_matches_hand_computed_values(tmp_path: Pa
     # (A) ranks: ours h1 1, h2 2, h16 3, h8 4; the paper's h1 1, h16 2, h2 3, h8 4.
     assert result["spearman"]["A"] == pytest.approx(1 - 6 * 2 / (4 * 15))
     assert result["spearman"]["C"] is None  # a single (C) row
-    assert "| A_h1 | (A) one head" in table3.markdown(result)
+    assert "| A_h1 | (A) h 1, d_k = d_v = 128 (h x d_k = d_model kept) |" in table3.markdown(result)
     assert rows["base"]["test_bleu"] == pytest.approx(31.5) and rows["base"]["test_seeds"] == 2
     assert "Test2016 BLEU, greedy, scored once at the end: base 31.50 ± 0.71 (2 seeds)" in (
         table3.markdown(result)
