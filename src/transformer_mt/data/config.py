@@ -77,6 +77,11 @@ class DataConfig:
         seed: Seed of the generated corpus and of batch shuffling.
         cache_dir: Where tokenized Arrow files and the generated corpus are kept (``None``:
             in memory). Hub downloads use the ``datasets`` cache (``HF_DATASETS_CACHE``).
+        train_targets: A UTF-8 file with one target line per training pair, in order, trained
+            on instead of the corpus's targets (a teacher's translations: distillation,
+            ``distill.teacher``); validation and test keep theirs.
+        train_targets_mix: Train on both: the corpus's pairs and the same sources with
+            ``train_targets``.
     """
 
     name: str | None = None
@@ -106,6 +111,8 @@ class DataConfig:
     num_proc: int = 1
     seed: int = 0
     cache_dir: str | None = None
+    train_targets: str | None = None
+    train_targets_mix: bool = False
 
     def __post_init__(self) -> None:
         # Plain types, as a checkpoint may hold them (torch.load(weights_only=True)).
@@ -123,6 +130,8 @@ class DataConfig:
         self.number_range = (int(self.number_range[0]), int(self.number_range[1]))
         self.dir = None if self.dir is None else str(self.dir)
         self.cache_dir = None if self.cache_dir is None else str(self.cache_dir)
+        self.train_targets = None if self.train_targets is None else str(self.train_targets)
+        self.train_targets_mix = bool(self.train_targets_mix)
         for key in ("vocab_size", "min_frequency", "max_tokens", "max_len", "seed"):
             setattr(self, key, int(getattr(self, key)))
         self.num_workers, self.num_proc = int(self.num_workers), int(self.num_proc)
@@ -157,6 +166,11 @@ class DataConfig:
             )
         if self.max_len < 1:
             raise ValueError(f"max_len must be at least 1, got {self.max_len}.")
+        if self.train_targets and self.directions:
+            raise ValueError(
+                "train_targets replaces one direction's training targets; distil each "
+                "direction on its own, or drop data.directions."
+            )
         if not 0.0 <= self.bpe_dropout < 1.0:
             raise ValueError(
                 f"bpe_dropout must be in [0, 1), got {self.bpe_dropout}; "

@@ -27,7 +27,7 @@ from transformer_mt.data.batching import decode_sampler
 from transformer_mt.data.collate import Collate, TokenizedSplit
 from transformer_mt.data.config import DataConfig
 from transformer_mt.data.directions import tag, target_languages
-from transformer_mt.data.sources import iter_texts, load_corpus
+from transformer_mt.data.sources import iter_texts, load_corpus, with_train_targets
 from transformer_mt.data.tokenizer import FILENAME, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,8 @@ def prepare(
         check_languages(tokenizer, config, "the tokenizer passed in")
     cache_dir = None if config.cache_dir is None else Path(config.cache_dir)
     corpus = _load_corpus(config, cache_dir)
+    if only_splits is None or "train" in only_splits:  # evaluation never reads the targets
+        corpus["train"] = with_train_targets(corpus["train"], config)
     if tokenizer is None:
         path = None if work_dir is None else Path(work_dir) / FILENAME
         tokenizer = _load_or_train_tokenizer(config, corpus["train"], path)

@@ -136,6 +136,33 @@ class BudgetSettings:
 
 
 @dataclass
+class DistillSettings:
+    """``distill.*``: train on a teacher's translations of the training sources instead of
+    their references (sequence-level knowledge distillation, docs/distillation.md); off while
+    ``teacher`` is empty. Validation and test keep the human references.
+
+    Attributes:
+        teacher: the teacher's checkpoints (several: an ensemble).
+        beam_size: the teacher's beam; its stored length penalty and normalisation hold.
+        engine: ``torch`` or ``ctranslate2`` (one checkpoint, converted on the fly).
+        compute_type: the engine's (``int8`` for CTranslate2; ``None``: its default).
+        max_tokens: padded source tokens per teacher batch (``None``: the teacher's own).
+        mix_references: train on the references too: each source with both targets.
+        dir: where teachers' translations are kept, one folder per teacher, settings and data.
+        shard_size: sources per shard; an interrupted decode resumes at the first missing one.
+    """
+
+    teacher: list[str] = field(default_factory=list)
+    beam_size: int = 5
+    engine: str = "torch"
+    compute_type: str | None = None
+    max_tokens: int | None = None
+    mix_references: bool = False
+    dir: str = ".cache/distilled"
+    shard_size: int = 2000
+
+
+@dataclass
 class TrainSchema:
     """Every key of ``configs/train.yaml`` with its type and its one default; ``trainer``,
     ``callbacks``, ``logger`` and ``optimizer`` are ``_target_`` nodes their classes check.
@@ -174,6 +201,7 @@ class TrainSchema:
     module: TrainingConfig = field(default_factory=TrainingConfig)
     optimizer: dict[str, Any] = field(default_factory=dict)
     budget: BudgetSettings = field(default_factory=BudgetSettings)
+    distill: DistillSettings = field(default_factory=DistillSettings)
     trainer: dict[str, Any] = field(default_factory=dict)
     callbacks: dict[str, Any] = field(default_factory=dict)
     logger: dict[str, Any] = field(default_factory=dict)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import datasets
 
 from transformer_mt.data.config import DataConfig
-from transformer_mt.data.sources.files import direction_prefixes, load_files_corpus
+from transformer_mt.data.sources.files import direction_prefixes, iter_lines, load_files_corpus
 from transformer_mt.data.sources.generated import generate_numbers_corpus
 from transformer_mt.data.sources.hub import load_hub_corpus
 
@@ -22,6 +22,7 @@ __all__ = [
     "load_corpus",
     "load_files_corpus",
     "load_hub_corpus",
+    "with_train_targets",
 ]
 
 REQUIRED_SPLITS = ("train", "validation", "test")
@@ -39,6 +40,23 @@ def load_corpus(config: DataConfig) -> datasets.DatasetDict:
     if config.multilingual:
         return _load_directions(config)
     return _load_one(config, config.src_lang, config.tgt_lang)
+
+
+def with_train_targets(train: datasets.Dataset, config: DataConfig) -> datasets.Dataset:
+    """The training sources with ``config.train_targets`` as their targets (beside the corpus's
+    pairs with ``train_targets_mix``); ``train`` itself without that setting."""
+    if not config.train_targets:
+        return train
+    lines = list(iter_lines(str(config.train_targets)))
+    if len(lines) != len(train):
+        raise ValueError(
+            f"data.train_targets={config.train_targets} has {len(lines)} lines for "
+            f"{len(train)} training pairs; it needs one target per training source, in order"
+        )
+    replaced = train.remove_columns("tgt").add_column("tgt", lines)
+    return (
+        datasets.concatenate_datasets([train, replaced]) if config.train_targets_mix else replaced
+    )
 
 
 def _load_directions(config: DataConfig) -> datasets.DatasetDict:
