@@ -309,7 +309,6 @@ def write_doc(result: dict[str, Any], doc: Path = DOC) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dirs", nargs="*", type=Path, help="paper_table3 sweep folders")
-    parser.add_argument("--no-figure", action="store_true", help="leave docs/table3.png as is")
     args = parser.parse_args(argv)
     try:
         for sweep_dir in args.sweep_dirs:
@@ -325,8 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     write_text_atomic(DOC.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
     write_doc(result)
-    if not args.no_figure:
-        figure(result, DOC.with_suffix(".png"))
+    figure(result, DOC.with_suffix(".png"))
     print(markdown(result))
     return 0
 
